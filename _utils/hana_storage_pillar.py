@@ -1,0 +1,461 @@
+"""Validate and normalise the ``hana:storage`` pillar. Pure code: no I/O.
+
+The pillar is first merged over ``parameters/defaults.yaml`` (``merge``), then checked in three
+passes, each error naming its key path (``hana:storage:volumes:log:stripe_size``) and what is allowed:
+
+* ``schema_errors``   - JSON Schema (draft 2020-12); messages are written here, not taken from
+  jsonschema, so that a value under ``key:material`` is never echoed;
+* ``semantic_errors`` - what a schema cannot say (a device in two volumes, nested mountpoints, ...);
+* ``host_errors``     - facts gathered on the minion (missing devices, symlinks to the system disk).
+
+``normalize`` turns a valid config into the plan every state, the audit and the beacon read.
+"""
+
+import base64
+import binascii
+import copy
+import posixpath
+
+PREFIX = "hana:storage"
+REDACTED = "<redacted>"
+PILLAR_KEY_DIR = "/run/hana-storage/keys"
+
+# Paths the formula must never mount over or keep keys in.
+SYSTEM_PATHS = frozenset(
+    [
+        "/",
+        "/bin",
+        "/boot",
+        "/dev",
+        "/etc",
+        "/home",
+        "/lib",
+        "/lib64",
+        "/opt",
+        "/proc",
+        "/root",
+        "/run",
+        "/sbin",
+        "/srv",
+        "/sys",
+        "/tmp",
+        "/usr",
+        "/var",
+    ]
+)
+# lvcreate accepts a power of two from the page size up to the extent size (4 MiB by default).
+STRIPE_MIN_KIB = 4
+STRIPE_MAX_KIB = 4096
+MIN_KEY_BYTES = 32
+# mkfs options that would bypass the data-loss guard or fight the stripe alignment done here.
+FORBIDDEN_MKFS = {
+    "-f": "would overwrite an existing filesystem; use allow_format instead",
+    "-K": "skips discards the formula decides on",
+}
+REMOVED_XFS_OPTIONS = {"barrier", "nobarrier"}
+
+PATTERN_HELP = {
+    "abspath": "an absolute path without spaces",
+    "devpath": "a device path under /dev/ (letters, digits and ._:+=- only)",
+    "lvm_name": "an LVM name: letters, digits and +_.- , not starting with '-', at most 127 characters",
+    "dm_name": "a device-mapper name: letters, digits and _.+- , 1 to 96 characters",
+    "volume_name": "a volume name: lower-case letter first, then lower-case letters, digits or _, at most 16",
+    "size": "an LV size like 100%FREE, 90%VG or 500G",
+    "mkfs_option": "a single mkfs.xfs option like '-m crc=1' or '-l size=64m'",
+    "mount_option": "a mount option like noatime or logbsize=256k",
+    "rule_id": "a rule ID like HANA-PERF-002",
+    "size_kib": "a size in KiB (integer) or a string like '256k' or '1m'",
+}
+
+
+class PillarError(ValueError):
+    """The pillar cannot be normalised; carries the list of errors."""
+
+    def __init__(self, errors):
+        super().__init__("; ".join(errors))
+        self.errors = errors
+
+
+def merge(defaults, pillar):
+    """Pillar over defaults: dicts merge recursively, everything else replaces."""
+    result = copy.deepcopy(defaults)
+    for key, value in (pillar or {}).items():
+        if isinstance(value, dict) and isinstance(result.get(key), dict):
+            result[key] = merge(result[key], value)
+        else:
+            result[key] = copy.deepcopy(value)
+    return result
+
+
+def keypath(*parts):
+    return ":".join([PREFIX, *(str(p) for p in parts)])
+
+
+def _is_secret(path):
+    return "material" in path
+
+
+def _show(value, path):
+    if _is_secret(path):
+        return REDACTED
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _type_name(value):
+    return {
+        bool: "boolean",
+        int: "integer",
+        float: "number",
+        str: "string",
+        list: "list",
+        dict: "mapping",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
+
+
+def _pattern_help(error):
+    ref_names = {
+        "^/[^\\s]*$": "abspath",
+        "^[A-Za-z0-9+_.][A-Za-z0-9+_.-]{0,126}$": "lvm_name",
+        "^[A-Za-z0-9_.+-]{1,96}$": "dm_name",
+        "^[a-z][a-z0-9_]{0,15}$": "volume_name",
+        "^HANA-(ENC|PERF|LAYOUT|PERSIST|KEY|MOUNT)-[0-9]{3}$": "rule_id",
+    }
+    pattern = error.validator_value
+    if pattern in ref_names:
+        return PATTERN_HELP[ref_names[pattern]]
+    if pattern.startswith("^/dev/"):
+        return PATTERN_HELP["devpath"]
+    if "FREE" in pattern:
+        return PATTERN_HELP["size"]
+    if pattern.startswith("^-"):
+        return PATTERN_HELP["mkfs_option"]
+    if pattern.startswith("^[a-z0-9_]+(="):
+        return PATTERN_HELP["mount_option"]
+    return f"a string matching {pattern}"
+
+
+def _schema_message(error):
+    """One readable line per jsonschema error; never echoes secrets."""
+    path = list(error.absolute_path)
+    where = keypath(*path)
+    value = error.instance
+    kind = error.validator
+    if kind == "additionalProperties":
+        allowed = sorted(error.schema.get("properties", {}))
+        extra = sorted(set(value) - set(allowed)) if isinstance(value, dict) else []
+        return [f"{keypath(*path, key)}: unknown key; allowed here: {', '.join(allowed)}" for key in extra]
+    if kind == "required":
+        missing = [key for key in error.validator_value if key not in value]
+        return [f"{keypath(*path, key)}: required key is missing" for key in missing]
+    if kind == "type":
+        return [f"{where}: must be {error.validator_value}, got {_type_name(value)}"]
+    if kind in ("enum", "const"):
+        allowed = error.validator_value if kind == "enum" else [error.validator_value]
+        shown = ", ".join(str(a) for a in allowed)
+        return [f"{where}: must be one of: {shown}; got {_show(value, where)}"]
+    if kind == "pattern":
+        return [f"{where}: must be {_pattern_help(error)}; got {_show(value, where)}"]
+    if kind == "oneOf":
+        return [f"{where}: must be {PATTERN_HELP['size_kib']}; got {_show(value, where)}"]
+    if kind == "propertyNames":
+        return [f"{where}: volume name {_show(value, where)} is not allowed"]
+    if kind in ("minimum", "maximum"):
+        word = "at least" if kind == "minimum" else "at most"
+        return [f"{where}: must be {word} {error.validator_value}; got {_show(value, where)}"]
+    if kind == "minItems":
+        return [f"{where}: needs at least {error.validator_value} item(s)"]
+    if kind == "maxItems":
+        return [f"{where}: takes at most {error.validator_value} items"]
+    if kind == "minProperties":
+        return [f"{where}: needs at least {error.validator_value} entry"]
+    if kind == "uniqueItems":
+        return [f"{where}: items must be unique"]
+    return [f"{where}: invalid ({kind})"]
+
+
+def schema_errors(config, schema):
+    """JSON Schema errors as readable ``path: message`` lines, sorted by path."""
+    import jsonschema  # imported here so the module loads (and __virtual__ reports) without it
+
+    validator = jsonschema.Draft202012Validator(schema)
+    lines = []
+    for error in validator.iter_errors(config):
+        # if/then and oneOf wrap their own errors: report the innermost, most precise ones
+        if error.validator in ("allOf", "if", "then") and error.context:
+            for sub in error.context:
+                lines.extend(_schema_message(sub))
+            continue
+        lines.extend(_schema_message(error))
+    return sorted(set(lines))
+
+
+def parse_kib(value):
+    """Stripe size in KiB from an int (KiB) or '256k' / '1m'."""
+    if isinstance(value, int):
+        return value
+    text = str(value).strip().lower()
+    if text.endswith("m"):
+        return int(text[:-1]) * 1024
+    return int(text.rstrip("k"))
+
+
+def _is_under(path, parent):
+    return path != parent and path.startswith(parent.rstrip("/") + "/")
+
+
+def _setting(config, volume_name, key):
+    """(value, key path) of a per-volume setting, falling back to volume_defaults."""
+    volume = config["volumes"][volume_name]
+    if key in volume:
+        return volume[key], ("volumes", volume_name, key)
+    return config.get("volume_defaults", {}).get(key), ("volume_defaults", key)
+
+
+def _key_errors(key, where):
+    errors = []
+    if key.get("source") == "pillar":
+        material = key.get("material", "")
+        try:
+            raw = base64.b64decode(material, validate=True)
+        except (binascii.Error, ValueError):
+            return [f"{keypath(*where, 'material')}: must be base64 (the value is not shown)"]
+        if len(raw) < MIN_KEY_BYTES:
+            errors.append(
+                f"{keypath(*where, 'material')}: must decode to at least {MIN_KEY_BYTES} bytes "
+                f"of key material; got {len(raw)} (the value is not shown)"
+            )
+    elif key.get("source") == "keyfile" and "material" in key:
+        errors.append(
+            f"{keypath(*where, 'material')}: not used with source keyfile; remove it from the pillar"
+        )
+    return errors
+
+
+def semantic_errors(config):
+    """What the schema cannot express. Assumes schema_errors() returned nothing."""
+    errors = []
+    volumes = config["volumes"]
+    key_paths = []
+    if config.get("key"):
+        errors += _key_errors(config["key"], ("key",))
+        key_paths.append((config["key"].get("path"), ("key", "path")))
+    errors += _options_errors(config.get("volume_defaults", {}), ("volume_defaults",))
+
+    device_owner, mountpoints, names = {}, {}, {}
+    for name, volume in volumes.items():
+        for index, device in enumerate(volume["devices"]):
+            where = keypath("volumes", name, "devices", index)
+            if posixpath.normpath(device) != device or "/./" in device:
+                errors.append(
+                    f"{where}: must be a normalised path (no '..', '.', '//' or trailing '/'); got {device!r}"
+                )
+            if device in device_owner:
+                errors.append(
+                    f"{where}: {device} is already used by volume {device_owner[device]!r}; "
+                    f"a device belongs to one volume only"
+                )
+            device_owner.setdefault(device, name)
+        for index, device in enumerate(volume.get("allow_format", [])):
+            if device not in volume["devices"]:
+                errors.append(
+                    f"{keypath('volumes', name, 'allow_format', index)}: {device} is not one of "
+                    f"this volume's devices"
+                )
+
+        mountpoint = volume["mountpoint"]
+        where = keypath("volumes", name, "mountpoint")
+        if posixpath.normpath(mountpoint) != mountpoint:
+            errors.append(
+                f"{where}: must be a normalised path (no '..', '//' or trailing '/'); got {mountpoint!r}"
+            )
+        elif mountpoint in SYSTEM_PATHS:
+            errors.append(
+                f"{where}: {mountpoint} is a system directory; HANA volumes go below it, e.g. /hana/data"
+            )
+        mountpoints[name] = mountpoint
+
+        stripe, origin = _setting(config, name, "stripe_size")
+        kib = parse_kib(stripe)
+        if kib < STRIPE_MIN_KIB or kib > STRIPE_MAX_KIB or kib & (kib - 1):
+            errors.append(
+                f"{keypath(*origin)}: must be a power of two between {STRIPE_MIN_KIB} KiB and "
+                f"{STRIPE_MAX_KIB} KiB (LVM's limits with 4 MiB extents); got {kib} KiB"
+            )
+
+        errors += _options_errors(volume, ("volumes", name))
+        if "key" in volume:
+            errors += _key_errors(volume["key"], ("volumes", name, "key"))
+            key_paths.append((volume["key"].get("path"), ("volumes", name, "key", "path")))
+
+        plan = _names(name, volume, _setting(config, name, "encryption")[0])
+        for kind, value in plan.items():
+            for item in value if isinstance(value, list) else [value]:
+                owner = names.setdefault((kind, item), name)
+                if owner != name:
+                    errors.append(
+                        f"{keypath('volumes', name, kind if kind != 'crypt' else 'crypt_name')}: "
+                        f"{kind} name {item!r} is also used by volume {owner!r}"
+                    )
+
+    seen = {}
+    for name, mountpoint in sorted(mountpoints.items(), key=lambda item: item[1]):
+        where = keypath("volumes", name, "mountpoint")
+        for other, other_mp in seen.items():
+            if mountpoint == other_mp:
+                errors.append(f"{where}: {mountpoint} is also the mountpoint of volume {other!r}")
+            elif _is_under(mountpoint, other_mp):
+                errors.append(
+                    f"{where}: {mountpoint} is nested inside {other_mp} (volume {other!r}); "
+                    f"HANA volumes must be separate mountpoints"
+                )
+        seen[name] = mountpoint
+
+    for path, origin in key_paths:
+        if not path:
+            continue
+        if posixpath.normpath(path) != path:
+            errors.append(f"{keypath(*origin)}: must be a normalised path; got {path!r}")
+        for name, mountpoint in mountpoints.items():
+            if path == mountpoint or _is_under(path, mountpoint):
+                errors.append(
+                    f"{keypath(*origin)}: {path} lies inside the HANA mountpoint {mountpoint} "
+                    f"(volume {name!r}); a key must never sit on the device it unlocks"
+                )
+    return errors
+
+
+def _options_errors(settings, where):
+    errors = []
+    for index, option in enumerate(settings.get("mount_options", [])):
+        if option.split("=", 1)[0] in REMOVED_XFS_OPTIONS:
+            errors.append(
+                f"{keypath(*where, 'mount_options', index)}: '{option}' was removed from XFS in "
+                f"Linux 4.19 and would fail the mount; drop it (XFS always uses cache flushes)"
+            )
+    for index, option in enumerate(settings.get("mkfs_options", [])):
+        flag = option.split(" ", 1)[0]
+        if flag in FORBIDDEN_MKFS:
+            errors.append(f"{keypath(*where, 'mkfs_options', index)}: '{flag}' {FORBIDDEN_MKFS[flag]}")
+        if option.startswith("-d") and ("su=" in option or "sw=" in option or "sunit=" in option):
+            errors.append(
+                f"{keypath(*where, 'mkfs_options', index)}: stripe alignment (su/sw) is derived "
+                f"from stripe_size and the device count; remove it"
+            )
+    return errors
+
+
+def host_errors(config, facts):
+    """Checks against facts gathered on the minion.
+
+    ``facts`` = {"devices": {path: {"exists": bool, "block": bool, "realpath": str}},
+                 "system_devices": [realpaths of disks/partitions holding /, /boot, /usr, /var, swap]}
+    """
+    errors = []
+    system = set(facts.get("system_devices", []))
+    realpaths = {}
+    for name, volume in config["volumes"].items():
+        for index, device in enumerate(volume["devices"]):
+            where = keypath("volumes", name, "devices", index)
+            fact = facts.get("devices", {}).get(device, {})
+            if not fact.get("exists"):
+                errors.append(f"{where}: {device} does not exist on this host")
+                continue
+            if not fact.get("block"):
+                errors.append(f"{where}: {device} is not a block device")
+                continue
+            real = fact.get("realpath", device)
+            if real in system:
+                via = f" (via symlink to {real})" if real != device else ""
+                errors.append(f"{where}: {device}{via} holds the running system; refusing to use it")
+            if real in realpaths and realpaths[real][0] != where:
+                errors.append(f"{where}: {device} is the same disk as {realpaths[real][1]} ({real})")
+            realpaths.setdefault(real, (where, device))
+    return errors
+
+
+def validate(config, schema, facts=None):
+    """All errors for a merged config: schema first; semantic and host checks only on a sound shape."""
+    errors = schema_errors(config, schema)
+    if errors:
+        return errors
+    errors = semantic_errors(config)
+    if facts is not None and not errors:
+        errors = host_errors(config, facts)
+    return errors
+
+
+def _names(name, volume, encryption):
+    crypt = volume.get("crypt_name", f"hana_{name}")
+    crypt_names = (
+        [f"{crypt}_{i}" for i in range(len(volume["devices"]))] if encryption == "below_lvm" else crypt
+    )
+    return {"vg": volume.get("vg", f"vg_hana_{name}"), "crypt": crypt_names}
+
+
+def key_file(key, volume_name=None):
+    """Where the key of a volume lives on the minion."""
+    if key["source"] == "pillar":
+        return posixpath.join(PILLAR_KEY_DIR, f"{volume_name or 'hana'}.key")
+    return key["path"]
+
+
+def normalize(config):
+    """A valid merged config -> the plan: every volume fully spelled out, no key material."""
+    volumes = {}
+    for name in sorted(config["volumes"]):
+        raw = config["volumes"][name]
+        volume = merge(config.get("volume_defaults", {}), raw)
+        volume["name"] = name
+        volume.setdefault("vg", f"vg_hana_{name}")
+        volume.setdefault("lv", f"lv_hana_{name}")
+        volume.setdefault("crypt_name", f"hana_{name}")
+        volume.setdefault("allow_format", [])
+        volume["stripe_size_kib"] = parse_kib(volume.pop("stripe_size"))
+        volume["stripes"] = len(volume["devices"])
+        key = raw.get("key", config["key"])
+        volume["key"] = {
+            "source": key["source"],
+            "file": key_file(key, name if "key" in raw else None),
+            "pillar": keypath("volumes", name, "key", "material")
+            if "key" in raw
+            else keypath("key", "material"),
+        }
+        volume["lv_path"] = f"/dev/{volume['vg']}/{volume['lv']}"
+        if volume["encryption"] == "above_lvm":
+            volume["crypt"] = [{"name": volume["crypt_name"], "device": volume["lv_path"]}]
+            volume["pvs"] = list(volume["devices"])
+            volume["fs_device"] = f"/dev/mapper/{volume['crypt_name']}"
+        else:
+            volume["crypt"] = [
+                {"name": crypt, "device": device}
+                for crypt, device in zip(
+                    _names(name, raw, "below_lvm")["crypt"], volume["devices"], strict=True
+                )
+            ]
+            volume["pvs"] = [f"/dev/mapper/{c['name']}" for c in volume["crypt"]]
+            volume["fs_device"] = volume["lv_path"]
+        volumes[name] = volume
+    plan = {k: copy.deepcopy(v) for k, v in config.items() if k not in ("volumes", "volume_defaults", "key")}
+    plan["key"] = {k: v for k, v in config["key"].items() if k != "material"}
+    plan["volumes"] = volumes
+    return plan
+
+
+def validation_summary(errors):
+    """Short text for state comments and CLI output."""
+    if not errors:
+        return "pillar hana:storage is valid"
+    return "pillar hana:storage is invalid ({} error{}):\n  ".format(
+        len(errors), "" if len(errors) == 1 else "s"
+    ) + "\n  ".join(errors)
+
+
+def strip_secrets(value):
+    """Deep copy with every 'material' replaced, for anything that leaves the module."""
+    if isinstance(value, dict):
+        return {k: (REDACTED if k == "material" else strip_secrets(v)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [strip_secrets(v) for v in value]
+    return value

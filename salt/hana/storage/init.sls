@@ -1,0 +1,5 @@
+# -*- coding: utf-8 -*-
+# vim: ft=sls
+---
+include:
+  - .validate

@@ -1,0 +1,402 @@
+"""Pillar validation: the example and lab pillars pass, every malformed pillar names its key path."""
+
+import base64
+import copy
+import json
+
+import hana_storage_pillar as hp
+import jinja2
+import pytest
+import yaml
+
+from tests.conftest import REPO
+
+SCHEMA = json.loads((REPO / "salt/hana/storage/schema.json").read_text())
+DEFAULTS = yaml.safe_load((REPO / "salt/hana/storage/parameters/defaults.yaml").read_text())
+KEY = base64.b64encode(b"k" * 64).decode()
+GOOD = {
+    "key": {"source": "pillar", "material": KEY},
+    "volumes": {
+        "data": {"mountpoint": "/hana/data", "devices": ["/dev/vda", "/dev/vdb", "/dev/vdc", "/dev/vdd"]},
+        "log": {
+            "mountpoint": "/hana/log",
+            "devices": ["/dev/vde", "/dev/vdf"],
+            "encryption": "below_lvm",
+            "stripe_size": 64,
+        },
+        "shared": {"mountpoint": "/hana/shared", "devices": ["/dev/vdg"]},
+    },
+}
+
+
+def errors_of(pillar, facts=None):
+    return hp.validate(hp.merge(DEFAULTS, pillar), SCHEMA, facts)
+
+
+def test_defaults_and_schema_are_consistent():
+    import jsonschema
+
+    jsonschema.Draft202012Validator.check_schema(SCHEMA)
+    # defaults alone only miss volumes
+    assert errors_of({}) == ["hana:storage:volumes: needs at least 1 entry"]
+
+
+def test_good_pillar_is_valid_and_normalises():
+    assert errors_of(GOOD) == []
+    plan = hp.normalize(hp.merge(DEFAULTS, GOOD))
+    data, log = plan["volumes"]["data"], plan["volumes"]["log"]
+    assert data["stripes"] == 4 and data["stripe_size_kib"] == 256
+    assert data["crypt"] == [{"name": "hana_data", "device": "/dev/vg_hana_data/lv_hana_data"}]
+    assert data["fs_device"] == "/dev/mapper/hana_data"
+    assert [c["name"] for c in log["crypt"]] == ["hana_log_0", "hana_log_1"]
+    assert log["pvs"] == ["/dev/mapper/hana_log_0", "/dev/mapper/hana_log_1"]
+    assert log["fs_device"] == "/dev/vg_hana_log/lv_hana_log"
+    assert data["key"] == {
+        "source": "pillar",
+        "file": "/run/hana-storage/keys/hana.key",
+        "pillar": "hana:storage:key:material",
+    }
+    assert KEY not in json.dumps(plan)
+
+
+def test_pillar_example_is_valid():
+    pillar = yaml.safe_load((REPO / "pillar.example").read_text())["hana"]["storage"]
+    assert errors_of(pillar) == []
+
+
+def test_lab_pillar_is_valid():
+    text = jinja2.Template((REPO / "lab/pillar.sls.j2").read_text()).render(key_b64=KEY)
+    assert errors_of(yaml.safe_load(text)["hana"]["storage"]) == []
+
+
+def mutate(path, value):
+    """A copy of GOOD with the value at path ('a:b:0') set, or deleted when value is DELETE."""
+    pillar = copy.deepcopy(GOOD)
+    node = pillar
+    parts = path.split(":")
+    for part in parts[:-1]:
+        node = node[int(part)] if isinstance(node, list) else node.setdefault(part, {})
+    last = int(parts[-1]) if isinstance(node, list) else parts[-1]
+    if value is DELETE:
+        del node[last]
+    else:
+        node[last] = value
+    return pillar
+
+
+DELETE = object()
+SHORT_KEY = base64.b64encode(b"short").decode()
+
+# (id, key path set, value, key path expected in an error, words expected in that error)
+BAD = [
+    ("unknown-top-key", "colour", "blue", "hana:storage:colour", "unknown key"),
+    ("unknown-volume-key", "volumes:data:stripes", 4, "hana:storage:volumes:data:stripes", "unknown key"),
+    ("unknown-luks-key", "luks:mode", "fast", "hana:storage:luks:mode", "unknown key"),
+    ("volumes-not-mapping", "volumes", ["data"], "hana:storage:volumes", "must be object"),
+    ("no-volumes", "volumes", {}, "hana:storage:volumes", "at least 1"),
+    (
+        "missing-mountpoint",
+        "volumes:data:mountpoint",
+        DELETE,
+        "hana:storage:volumes:data:mountpoint",
+        "missing",
+    ),
+    ("missing-devices", "volumes:data:devices", DELETE, "hana:storage:volumes:data:devices", "missing"),
+    ("empty-devices", "volumes:data:devices", [], "hana:storage:volumes:data:devices", "at least 1"),
+    (
+        "device-not-string",
+        "volumes:data:devices:0",
+        7,
+        "hana:storage:volumes:data:devices:0",
+        "must be string",
+    ),
+    ("relative-device", "volumes:data:devices:0", "vda", "hana:storage:volumes:data:devices:0", "/dev/"),
+    (
+        "device-outside-dev",
+        "volumes:data:devices:0",
+        "/tmp/disk.img",
+        "hana:storage:volumes:data:devices:0",
+        "/dev/",
+    ),
+    (
+        "device-dotdot",
+        "volumes:data:devices:0",
+        "/dev/../etc/passwd",
+        "hana:storage:volumes:data:devices:0",
+        "normalised",
+    ),
+    (
+        "duplicate-device-in-volume",
+        "volumes:data:devices:1",
+        "/dev/vda",
+        "hana:storage:volumes:data:devices",
+        "unique",
+    ),
+    (
+        "device-in-two-volumes",
+        "volumes:shared:devices:0",
+        "/dev/vde",
+        "hana:storage:volumes:shared:devices:0",
+        "already used by volume 'log'",
+    ),
+    (
+        "relative-mountpoint",
+        "volumes:data:mountpoint",
+        "hana/data",
+        "hana:storage:volumes:data:mountpoint",
+        "absolute path",
+    ),
+    ("root-mountpoint", "volumes:data:mountpoint", "/", "hana:storage:volumes:data:mountpoint", "system"),
+    ("usr-mountpoint", "volumes:data:mountpoint", "/usr", "hana:storage:volumes:data:mountpoint", "system"),
+    (
+        "duplicate-mountpoint",
+        "volumes:log:mountpoint",
+        "/hana/data",
+        "hana:storage:volumes:log:mountpoint",
+        "also the mountpoint",
+    ),
+    (
+        "nested-mountpoint",
+        "volumes:log:mountpoint",
+        "/hana/data/log",
+        "hana:storage:volumes:log:mountpoint",
+        "nested",
+    ),
+    (
+        "trailing-slash-mountpoint",
+        "volumes:data:mountpoint",
+        "/hana/data/",
+        "hana:storage:volumes:data:mountpoint",
+        "normalised",
+    ),
+    (
+        "stripe-not-power-of-two",
+        "volumes:log:stripe_size",
+        100,
+        "hana:storage:volumes:log:stripe_size",
+        "power of two",
+    ),
+    (
+        "stripe-too-small",
+        "volumes:log:stripe_size",
+        2,
+        "hana:storage:volumes:log:stripe_size",
+        "power of two",
+    ),
+    ("stripe-too-large", "volumes:log:stripe_size", "8m", "hana:storage:volumes:log:stripe_size", "4096 KiB"),
+    ("stripe-garbage", "volumes:log:stripe_size", "64 kb", "hana:storage:volumes:log:stripe_size", "KiB"),
+    ("stripe-float", "volumes:log:stripe_size", 64.5, "hana:storage:volumes:log:stripe_size", "KiB"),
+    (
+        "default-stripe-bad",
+        "volume_defaults:stripe_size",
+        300,
+        "hana:storage:volume_defaults:stripe_size",
+        "power of two",
+    ),
+    (
+        "nobarrier",
+        "volumes:data:mount_options",
+        ["noatime", "nobarrier"],
+        "hana:storage:volumes:data:mount_options:1",
+        "4.19",
+    ),
+    (
+        "barrier-default",
+        "volume_defaults:mount_options",
+        ["barrier"],
+        "hana:storage:volume_defaults:mount_options:0",
+        "4.19",
+    ),
+    (
+        "mount-option-injection",
+        "volumes:data:mount_options",
+        ["noatime,exec"],
+        "hana:storage:volumes:data:mount_options:0",
+        "mount option",
+    ),
+    (
+        "mkfs-force",
+        "volumes:data:mkfs_options",
+        ["-f"],
+        "hana:storage:volumes:data:mkfs_options:0",
+        "overwrite",
+    ),
+    (
+        "mkfs-su",
+        "volumes:data:mkfs_options",
+        ["-d su=64k,sw=2"],
+        "hana:storage:volumes:data:mkfs_options:0",
+        "derived",
+    ),
+    ("ext4", "volumes:data:filesystem", "ext4", "hana:storage:volumes:data:filesystem", "xfs"),
+    (
+        "bad-encryption",
+        "volumes:data:encryption",
+        "none",
+        "hana:storage:volumes:data:encryption",
+        "above_lvm",
+    ),
+    ("cipher-null", "luks:cipher", "cipher_null-ecb", "hana:storage:luks:cipher", "aes-xts-plain64"),
+    ("cbc-cipher", "luks:cipher", "aes-cbc-essiv:sha256", "hana:storage:luks:cipher", "one of"),
+    ("key-size-128", "luks:key_size", 128, "hana:storage:luks:key_size", "256, 512"),
+    ("luks1", "luks:type", "luks1", "hana:storage:luks:type", "luks2"),
+    ("sector-size-odd", "luks:sector_size", 1000, "hana:storage:luks:sector_size", "4096"),
+    (
+        "perf-flag-string",
+        "luks:perf:no_read_workqueue",
+        "yes",
+        "hana:storage:luks:perf:no_read_workqueue",
+        "boolean",
+    ),
+    (
+        "unknown-perf-flag",
+        "luks:perf:same_cpu_crypt",
+        True,
+        "hana:storage:luks:perf:same_cpu_crypt",
+        "unknown",
+    ),
+    ("weak-pbkdf", "luks:pbkdf:type", "md5", "hana:storage:luks:pbkdf:type", "argon2id"),
+    ("pbkdf-memory-huge", "luks:pbkdf:memory_kib", 10**9, "hana:storage:luks:pbkdf:memory_kib", "at most"),
+    ("key-source-unknown", "key:source", "vault", "hana:storage:key:source", "keyfile, pillar"),
+    (
+        "keyfile-without-path",
+        "volumes:log:key",
+        {"source": "keyfile"},
+        "hana:storage:volumes:log:key:path",
+        "missing",
+    ),
+    ("pillar-key-without-material", "key", {"source": "pillar"}, "hana:storage:key:material", "missing"),
+    ("key-not-base64", "key:material", "not base64!!", "hana:storage:key:material", "base64"),
+    ("key-too-short", "key:material", SHORT_KEY, "hana:storage:key:material", "at least 32 bytes"),
+    (
+        "key-relative-path",
+        "key",
+        {"source": "keyfile", "path": "keys/hana.key"},
+        "hana:storage:key:path",
+        "absolute",
+    ),
+    (
+        "key-inside-hana-mount",
+        "key",
+        {"source": "keyfile", "path": "/hana/data/.key"},
+        "hana:storage:key:path",
+        "inside the HANA mountpoint",
+    ),
+    (
+        "volume-key-inside-mount",
+        "volumes:log:key",
+        {"source": "keyfile", "path": "/hana/shared/log.key"},
+        "hana:storage:volumes:log:key:path",
+        "inside the HANA mountpoint",
+    ),
+    (
+        "keyfile-with-material",
+        "key",
+        {"source": "keyfile", "path": "/etc/k", "material": KEY},
+        "hana:storage:key:material",
+        "not used with source keyfile",
+    ),
+    (
+        "volume-name-upper",
+        "volumes:Data",
+        {"mountpoint": "/hana/x", "devices": ["/dev/vdh"]},
+        "hana:storage:volumes",
+        "volume name",
+    ),
+    ("bad-vg-name", "volumes:data:vg", "-vg", "hana:storage:volumes:data:vg", "LVM name"),
+    ("vg-shared", "volumes:log:vg", "vg_hana_data", "hana:storage:volumes:log:vg", "also used by volume"),
+    (
+        "crypt-name-shared",
+        "volumes:shared:crypt_name",
+        "hana_data",
+        "hana:storage:volumes:shared:crypt_name",
+        "also used",
+    ),
+    (
+        "allow-format-foreign",
+        "volumes:data:allow_format",
+        ["/dev/vdg"],
+        "hana:storage:volumes:data:allow_format:0",
+        "not one of this volume's devices",
+    ),
+    ("safe-mode-string", "safe_mode", "off", "hana:storage:safe_mode", "boolean"),
+    ("bad-size", "volumes:data:size", "lots", "hana:storage:volumes:data:size", "LV size"),
+    (
+        "remediate-manual-rule",
+        "compliance:remediation:rules",
+        ["HANA-ENC-001"],
+        "hana:storage:compliance:remediation:rules:0",
+        "HANA-PERF-002",
+    ),
+    (
+        "ignore-bad-rule",
+        "compliance:ignore_rules",
+        ["PERF-2"],
+        "hana:storage:compliance:ignore_rules:0",
+        "rule ID",
+    ),
+    (
+        "beacon-interval-zero",
+        "compliance:beacon:interval",
+        0,
+        "hana:storage:compliance:beacon:interval",
+        "at least 1",
+    ),
+    (
+        "too-many-devices",
+        "volumes:data:devices",
+        [f"/dev/sd{i}" for i in range(65)],
+        "hana:storage:volumes:data:devices",
+        "at most 64",
+    ),
+]
+
+
+@pytest.mark.parametrize("path,value,where,words", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_pillar_is_rejected_with_its_key_path(path, value, where, words):
+    errors = errors_of(mutate(path, value))
+    matching = [e for e in errors if e.startswith(where + ":") and words in e]
+    assert matching, f"expected an error at {where} mentioning {words!r}, got {errors}"
+
+
+def test_there_are_at_least_forty_bad_pillars():
+    assert len(BAD) >= 40
+
+
+def test_key_material_never_echoed():
+    for material in ("not base64!!", SHORT_KEY, 12345, ["a"]):
+        errors = errors_of(mutate("key:material", material))
+        assert errors and not any(str(material) in e for e in errors), errors
+
+
+def test_not_a_mapping():
+    assert hp.schema_errors("x", SCHEMA) == ["hana:storage: must be object, got string"]
+
+
+HOST = {
+    "devices": {
+        d: {"exists": True, "block": True, "realpath": d}
+        for d in ["/dev/vda", "/dev/vdb", "/dev/vdc", "/dev/vdd", "/dev/vde", "/dev/vdf", "/dev/vdg"]
+    },
+    "system_devices": ["/dev/sda", "/dev/sda1"],
+}
+
+
+def test_host_checks_pass_on_matching_host():
+    assert errors_of(GOOD, HOST) == []
+
+
+@pytest.mark.parametrize(
+    "device,fact,words",
+    [
+        ("/dev/vdg", {"exists": False}, "does not exist"),
+        ("/dev/vdg", {"exists": True, "block": False, "realpath": "/dev/vdg"}, "not a block device"),
+        ("/dev/vdg", {"exists": True, "block": True, "realpath": "/dev/sda1"}, "via symlink to /dev/sda1"),
+        ("/dev/vdg", {"exists": True, "block": True, "realpath": "/dev/vda"}, "same disk as /dev/vda"),
+    ],
+)
+def test_host_checks(device, fact, words):
+    facts = copy.deepcopy(HOST)
+    facts["devices"][device] = fact
+    errors = errors_of(GOOD, facts)
+    assert any(e.startswith("hana:storage:volumes:shared:devices:0:") and words in e for e in errors), errors
