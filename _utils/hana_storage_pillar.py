@@ -383,7 +383,7 @@ def validate(config, schema, facts=None):
     errors = semantic_errors(config)
     if facts is not None and not errors:
         errors = host_errors(config, facts)
-    return errors
+    return sorted(errors)
 
 
 def _names(name, volume, encryption):

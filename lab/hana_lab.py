@@ -13,8 +13,12 @@ is a reboot. The guest sees the host's filesystem read-only, with writable overl
 /hana and tmpfs on /run (where Salt's root_dir goes: 9p refuses sockets).
 """
 
+import base64
 import contextlib
+import fcntl
 import glob
+import hashlib
+import json
 import os
 import pathlib
 import shlex
@@ -25,12 +29,20 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 DEFAULT_DIR = REPO / "build" / "lab"
+LOCK = "/tmp/hana-storage-lab.lock"  # two cores: one VM at a time, machine-wide
 VENV_BIN = REPO / ".venv" / "bin"
 
 AGENT = r"""#!/bin/sh
 # In-guest agent: run cmd.N files in order, write out.N and rc.N; stop on 'quit'.
 dir="$1"
-modprobe -a dm-mod dm-crypt dm-snapshot xfs >"$dir/modprobe.log" 2>&1
+modprobe -a dm-mod dm-crypt dm-snapshot xfs ext4 virtio_scsi sd_mod >"$dir/modprobe.log" 2>&1
+# The Python runtime comes on a SCSI disk (ext4), out of the way of the lab's /dev/vd* disks:
+# imports over the 9p root cost minutes.
+rt=/dev/sda; i=0
+while [ ! -b "$rt" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
+mkdir -p /run/rt && mount -o ro "$rt" /run/rt \
+  && mount --bind /run/rt/pyenv "@PYROOT@" && mount --bind /run/rt/venv "@VENV@" \
+  || echo "runtime disk $rt not mounted: Python will be slow" >>"$dir/modprobe.log"
 mkdir -p /run/lock /run/lvm /run/cryptsetup
 n=0
 touch "$dir/ready"
@@ -52,6 +64,42 @@ export PATH={VENV_BIN}:/usr/sbin:/usr/bin:/sbin:/bin
 export LVM_SUPPRESS_FD_WARNINGS=1 PYTHONDONTWRITEBYTECODE=1
 cd /run
 """
+
+
+def python_root():
+    """The interpreter installation the venv was made from (pyvenv.cfg 'home' is its bin/)."""
+    for line in (VENV_BIN.parent / "pyvenv.cfg").read_text().splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "home":
+            return pathlib.Path(value.strip()).resolve().parent
+    raise LabError("no 'home' in .venv/pyvenv.cfg: recreate the venv with 'make deps'")
+
+
+def runtime_image():
+    """An ext4 image holding the interpreter and the venv, rebuilt when requirements change."""
+    image = REPO / "build" / "lab-runtime.img"
+    stamp = REPO / "build" / "lab-runtime.stamp"
+    pyroot = python_root()
+    want = f"{pyroot}\n{(REPO / 'requirements.txt').read_text()}"
+    if image.exists() and stamp.exists() and stamp.read_text() == want:
+        return image
+    say("building the lab's Python runtime disk (once per requirements.txt)")
+    staging = REPO / "build" / "lab-runtime.d"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    for src, dest in ((pyroot, "pyenv"), (VENV_BIN.parent, "venv")):
+        # hard links: no copy when build/ shares the filesystem, a plain copy otherwise
+        if subprocess.run(["cp", "-al", str(src), str(staging / dest)], capture_output=True).returncode:
+            subprocess.run(["cp", "-a", str(src), str(staging / dest)], check=True)
+    lib = staging / "pyenv" / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    for unused in ("site-packages", "test"):
+        shutil.rmtree(lib / unused, ignore_errors=True)
+    image.unlink(missing_ok=True)
+    subprocess.run(["truncate", "-s", "3G", str(image)], check=True)
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-L", "hanart", "-d", str(staging), str(image)], check=True)
+    shutil.rmtree(staging)
+    stamp.write_text(want)
+    return image
 
 
 class LabError(RuntimeError):
@@ -95,7 +143,7 @@ class Lab:
         verbose=True,
     ):
         self.disks, self.disk_size = disks, disk_size
-        self.workdir = pathlib.Path(workdir)
+        self.workdir = pathlib.Path(workdir).resolve()
         self.memory, self.cpus = memory, cpus
         self.boot_timeout, self.fresh, self.verbose = boot_timeout, fresh, verbose
         self.shared = self.workdir / "shared"
@@ -126,12 +174,24 @@ class Lab:
                 "virtme-ng or qemu missing: run 'make deps' (installs qemu-system-x86 and the venv)"
             )
         kernel = find_kernel()
+        self._lock = open(LOCK, "w")  # noqa: SIM115 - released in stop()
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say(f"another lab VM is running on this machine; waiting for it ({LOCK})")
+            fcntl.flock(self._lock, fcntl.LOCK_EX)
         self._make_disks()
         shutil.rmtree(self.shared, ignore_errors=True)
         self.shared.mkdir(parents=True)
-        (self.shared / "agent.sh").write_text(AGENT)
+        agent = AGENT.replace("@PYROOT@", str(python_root())).replace("@VENV@", str(VENV_BIN.parent))
+        (self.shared / "agent.sh").write_text(agent)
+        runtime = runtime_image()
         os.makedirs("/hana", exist_ok=True)  # --overlay-rwdir needs the directory on the host
         drives = " ".join(f"-drive file={p},format=raw,if=virtio,cache=unsafe" for p in self.disk_paths())
+        drives += (
+            f" -device virtio-scsi-pci,id=rtscsi -drive file={runtime},format=raw,if=none,id=rt,readonly=on"
+            " -device scsi-hd,drive=rt,bus=rtscsi.0"
+        )
         cmd = [
             vng,
             "--run",
@@ -181,6 +241,7 @@ class Lab:
     def stop(self):
         if not self.proc:
             return
+        self.stop_salt()
         (self.shared / "quit").touch()
         try:
             self.proc.wait(timeout=60)
@@ -189,6 +250,7 @@ class Lab:
             self.proc.wait()
         self._log.close()
         self.proc = None
+        self._lock.close()
 
     def __enter__(self):
         return self.start()
@@ -238,6 +300,15 @@ class Lab:
             )
         return result
 
+    def checksum(self, index):
+        """sha256 of lab disk N as the guest left it, hashed on the host (native speed)."""
+        self.run("sync", check=True, echo=False)
+        digest = hashlib.sha256()
+        with open(self.disk_paths()[index], "rb") as image:
+            for block in iter(lambda: image.read(1 << 22), b""):
+                digest.update(block)
+        return digest.hexdigest()
+
     def write(self, guest_path, text, mode=0o644):
         """Write a file inside the guest (through the shared directory)."""
         name = f"file.{self.step}"
@@ -249,16 +320,96 @@ class Lab:
         )
 
     # ---- Salt inside the guest --------------------------------------------------------
-    def setup_salt(self, pillar_yaml, minion_id="lab"):
-        """A masterless minion in the guest: root_dir on tmpfs, the formula as file_roots."""
+    def key_b64(self):
+        """The lab's LUKS key: random, made once per lab directory, so a reboot can unlock."""
+        path = self.workdir / "lab.key.b64"
+        if not path.exists():
+            path.write_text(base64.b64encode(os.urandom(64)).decode())
+            path.chmod(0o600)
+        return path.read_text().strip()
+
+    def pillar(self, template=REPO / "lab" / "pillar.sls.j2"):
+        """The lab pillar (lab/pillar.sls.j2) rendered with the lab key."""
+        return pathlib.Path(template).read_text().replace("{{ key_b64 }}", self.key_b64())
+
+    def setup_salt(self, pillar_yaml=None, minion_id="lab"):
+        """A masterless minion in the guest: root_dir on tmpfs, the formula as file_roots.
+
+        Starts the guest's Salt server (lab/guest_caller.py). The formula's modules load straight
+        from the checkout (``*_dirs``), so an edit needs no ``saltutil.sync_all``.
+        """
         self.write("/run/salt/pillar/top.sls", "base:\n  '*':\n    - hana\n")
-        self.write("/run/salt/pillar/hana.sls", pillar_yaml, mode=0o600)
+        self.set_pillar(pillar_yaml or self.pillar())
         self.write("/run/salt/etc/minion", MINION_CONFIG.format(repo=REPO, id=minion_id))
-        return self.salt_call("saltutil.sync_all", title="syncing the formula's custom modules")
+        spool = self.shared / "salt"
+        shutil.rmtree(spool, ignore_errors=True)
+        spool.mkdir()
+        self._salt_step = 0
+        say("starting Salt in the guest (loaded once, ~30 s under emulation)")
+        self.run(
+            f"setsid python3 {REPO}/lab/guest_caller.py /run/salt/etc {spool} "
+            f">/run/salt/caller.out 2>&1 </dev/null &",
+            check=True,
+            echo=False,
+        )
+        started = time.monotonic()
+        while not (spool / "ready").exists():
+            if time.monotonic() - started > 600:
+                tail = self.run("tail -n 30 /run/salt/caller.out", echo=False).output
+                raise LabError(f"Salt did not start in the guest within 600 s:\n{tail}")
+            time.sleep(0.3)
+        return self.salt("test.ping", check=True, title="Salt is up in the guest")
+
+    def set_pillar(self, pillar_yaml):
+        """Replace the guest minion's pillar (hana.sls); the next call compiles it afresh."""
+        self.write("/run/salt/pillar/hana.sls", pillar_yaml, mode=0o600)
+
+    def salt(self, args, check=False, title=None, timeout=1800):
+        """Run one `salt-call` equivalent through the guest's Salt server; returns SaltResult."""
+        spool = self.shared / "salt"
+        n = self._salt_step
+        self._salt_step += 1
+        (spool / f"req.{n}.tmp").write_text(json.dumps({"args": args}))
+        (spool / f"req.{n}.tmp").rename(spool / f"req.{n}.json")
+        say(title or f"salt-call {args}")
+        reply, started = spool / f"ret.{n}.json", time.monotonic()
+        while not reply.exists():
+            if self.proc.poll() is not None:
+                raise LabError(f"the VM died during salt-call {args}; read {self.console}")
+            if time.monotonic() - started > timeout:
+                raise LabError(f"salt-call {args} took more than {timeout}s; read /run/salt/minion.log")
+            time.sleep(0.1)
+        data = json.loads(reply.read_text())
+        result = SaltResult(args, data["local"], data["retcode"], data["seconds"])
+        if check and result.retcode:
+            raise LabError(f"salt-call {args} failed (retcode {result.retcode}):\n{result.text()[-3000:]}")
+        return result
 
     def salt_call(self, args, check=False, title=None, out="json", timeout=1200, echo=None):
+        """A real `salt-call` process in the guest (20-30 s of start-up each); returns Result."""
         cmd = f"salt-call -c /run/salt/etc --out={out} --log-level=warning {args}"
         return self.run(cmd, check=check, title=title or f"salt-call {args}", timeout=timeout, echo=echo)
+
+    def stop_salt(self):
+        if (self.shared / "salt").is_dir():
+            (self.shared / "salt" / "quit").touch()
+
+
+class SaltResult:
+    """What a salt-call returned: ``ret`` (the 'local' value), ``retcode`` and wall ``seconds``."""
+
+    def __init__(self, args, ret, retcode, seconds):
+        self.args, self.ret, self.retcode, self.seconds = args, ret, retcode, seconds
+
+    @property
+    def ok(self):
+        return self.retcode == 0
+
+    def text(self):
+        return self.ret if isinstance(self.ret, str) else json.dumps(self.ret, indent=2, default=str)
+
+    def __repr__(self):
+        return f"SaltResult(retcode={self.retcode}, {self.seconds:.1f}s, {self.args[:60]!r})"
 
 
 MINION_CONFIG = """id: {id}
@@ -269,13 +420,17 @@ cachedir: /run/salt/cache
 sock_dir: /run/salt/sock
 log_file: /run/salt/minion.log
 log_level_logfile: debug
+enable_fqdns_grains: false
 file_roots:
   base:
     - {repo}/salt
-    - {repo}
 pillar_roots:
   base:
     - /run/salt/pillar
+module_dirs: [{repo}/_modules]
+states_dirs: [{repo}/_states]
+utils_dirs: [{repo}/_utils]
+beacons_dirs: [{repo}/_beacons]
 """
 
 

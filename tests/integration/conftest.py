@@ -12,6 +12,7 @@ pytestmark = pytest.mark.integration
 def pillar_tree(tmp_path_factory):
     root = tmp_path_factory.mktemp("pillar")
     (root / "top.sls").write_text("base:\n  '*':\n    - hana\n")
+    (root / "hana.sls").write_text("{}\n")
     return root
 
 

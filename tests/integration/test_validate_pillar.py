@@ -42,8 +42,14 @@ def test_host_checks_report_missing_devices(minion, set_pillar):
 def test_bad_pillar_errors_name_key_paths_and_hide_the_key(minion, set_pillar):
     bad = {
         "key": {"source": "pillar", "material": "c2hvcnQ="},
-        "volumes": {"log": {"mountpoint": "/hana/log", "devices": ["/dev/vdx2"], "stripe_size": 100,
-                            "mount_options": ["nobarrier"]}},
+        "volumes": {
+            "log": {
+                "mountpoint": "/hana/log",
+                "devices": ["/dev/vdx2"],
+                "stripe_size": 100,
+                "mount_options": ["nobarrier"],
+            }
+        },
     }
     set_pillar(bad)
     ret = minion.salt_call_cli().run("hana_storage.validate_pillar", host_checks=False)
@@ -61,7 +67,9 @@ def test_state_apply_with_invalid_pillar_touches_nothing(minion, set_pillar):
     ret = minion.salt_call_cli(timeout=120).run("state.apply", "hana.storage")
     assert ret.returncode != 0
     states = ret.data
-    assert list(states) == ["hana_storage_|-hana-storage-pillar-valid_|-hana-storage-pillar-valid_|-pillar_valid"]
+    assert list(states) == [
+        "hana_storage_|-hana-storage-pillar-valid_|-hana-storage-pillar-valid_|-pillar_valid"
+    ]
     state = next(iter(states.values()))
     assert state["result"] is False and state["changes"] == {}
     assert "hana:storage:volumes:data:mountpoint: / is a system directory" in state["comment"]

@@ -1,0 +1,93 @@
+"""Salt inside the lab guest, loaded once: `salt-call` without its 20-30 s start-up per call.
+
+Under software emulation one `salt-call` spends most of its time starting (imports, config,
+grains). This server does that once, then serves requests dropped into a directory by the host
+(lab/hana_lab.py ``Lab.salt``). Each request runs the way `salt-call --local` runs it: with an
+empty ``__context__``, the pillar and the modules as they are on disk now (Salt's own
+``SMinion.gen_modules`` reloads both when a pillar file or a formula module changed), arguments
+parsed by Salt's CLI parser and the retcode computed as salt-call computes it. The minion log
+gets every record at debug level.
+
+Protocol: ``req.N.json`` = {"args": "state.apply hana.storage test=True"} ->
+``ret.N.json`` = {"local": <return>, "retcode": int, "seconds": float}.
+"""
+
+import json
+import os
+import shlex
+import sys
+import time
+import traceback
+
+import salt._logging
+import salt.client
+import salt.config
+import salt.minion
+import salt.utils.args
+
+
+def inputs_stamp(opts):
+    """Newest mtime of what a reload would read again: pillar files and the formula's modules."""
+    dirs = list(opts["pillar_roots"]["base"])
+    for key in ("module_dirs", "states_dirs", "utils_dirs", "beacons_dirs"):
+        dirs += opts.get(key, [])
+    stamps = [0]
+    for directory in dirs:
+        with os.scandir(directory) as entries:
+            stamps += [entry.stat().st_mtime_ns for entry in entries if entry.is_file()]
+    return max(stamps)
+
+
+def call(caller, line, state):
+    """One salt-call: current pillar and modules, empty __context__, salt-call's parsing and retcode."""
+    stamp = inputs_stamp(caller.opts)
+    if stamp != state.get("stamp"):
+        caller.sminion.gen_modules(initial_load=True)
+        state["stamp"] = stamp
+    caller.sminion.functions.pack["__context__"].clear()
+    fun, *cli_args = shlex.split(line)
+    functions = caller.sminion.functions
+    if fun not in functions:
+        return {"local": f"'{fun}' is not available.", "retcode": 254}
+    args, kwargs = salt.minion.load_args_and_kwargs(functions[fun], salt.utils.args.parse_input(cli_args))
+    ret = functions[fun](*args, **kwargs)
+    retcode = functions.pack["__context__"].get("retcode", 0)
+    if retcode == 0 and isinstance(ret, dict) and not all(ret.get(k, True) for k in ("result", "success")):
+        retcode = 1
+    return {"local": ret, "retcode": retcode}
+
+
+def main(config_dir, spool):
+    opts = salt.config.minion_config(os.path.join(config_dir, "minion"))
+    opts["log_level"] = "warning"
+    salt._logging.set_logging_options_dict(opts)
+    salt._logging.setup_logging()
+    caller = salt.client.Caller(mopts=opts)
+    with open(os.path.join(spool, "ready.tmp"), "w") as handle:
+        handle.write(str(os.getpid()))
+    os.rename(os.path.join(spool, "ready.tmp"), os.path.join(spool, "ready"))
+    n, state = 0, {}
+    while True:
+        request = os.path.join(spool, f"req.{n}.json")
+        if not os.path.exists(request):
+            if os.path.exists(os.path.join(spool, "quit")):
+                return
+            time.sleep(0.05)
+            continue
+        with open(request) as handle:
+            line = json.load(handle)["args"]
+        started = time.monotonic()
+        try:
+            reply = call(caller, line, state)
+        except Exception:  # noqa: BLE001 - the host gets the traceback, the server keeps serving
+            reply = {"local": traceback.format_exc(), "retcode": 1}
+        reply["seconds"] = time.monotonic() - started
+        tmp = os.path.join(spool, f"ret.{n}.tmp")
+        with open(tmp, "w") as handle:
+            json.dump(reply, handle, default=repr)
+        os.rename(tmp, os.path.join(spool, f"ret.{n}.json"))
+        n += 1
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

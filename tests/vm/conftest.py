@@ -1,0 +1,34 @@
+"""The VM tier: a real kernel (QEMU + virtme-ng) with real dm-crypt, LVM and XFS.
+
+Each test module boots one VM for all its tests (software emulation is slow) in its own lab
+directory under build/vm-tests/; VMs never run concurrently (the lab holds a machine-wide lock).
+"""
+
+import json
+
+import pytest
+from hana_lab import Lab
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.vm
+
+
+def boot(request, disks=8, disk_size="2G", fresh=True):
+    name = request.module.__name__.rsplit(".", 1)[-1]
+    vm = Lab(
+        disks=disks,
+        disk_size=disk_size,
+        workdir=REPO / "build" / "vm-tests" / name,
+        fresh=fresh,
+        verbose=request.config.getoption("verbose") > 0,
+    )
+    vm.start()
+    request.addfinalizer(vm.stop)
+    return vm
+
+
+def salt_json(result):
+    """The 'local' return of a real `salt-call --out=json` Result."""
+    text = result.output
+    return json.loads(text[text.index("{") :])["local"]
