@@ -1,8 +1,9 @@
 """Inspect, audit and validate encrypted SAP HANA storage.
 
-Interfaces (stable): ``settings``, ``validate_pillar``; later ``inspect``, ``luks_header``,
-``dm_tables``, ``audit``, ``remediate``. Pure logic lives in ``_utils/hana_storage_*`` and is
-reached through ``__utils__``; this module only gathers facts from the host.
+Interfaces (stable): ``settings``, ``validate_pillar``, ``inspect``, ``luks_header``,
+``dm_tables``, ``audit``. Pure logic lives in ``_utils/hana_storage_*`` and is reached through
+``__utils__``; this module only gathers facts from the host: sysfs, one `dmsetup table`, one
+`lvs`, and LUKS headers and XFS superblocks read straight from the devices. Nothing here writes.
 """
 
 import json
@@ -11,6 +12,7 @@ import os
 import stat
 
 import salt.utils.data
+import salt.utils.path
 import salt.utils.platform
 import salt.utils.yaml
 from salt.exceptions import CommandExecutionError
@@ -22,16 +24,25 @@ __virtualname__ = "hana_storage"
 SCHEMA_URL = "salt://hana/storage/schema.json"
 DEFAULTS_URL = "salt://hana/storage/parameters/defaults.yaml"
 SYSTEM_MOUNTS = ("/", "/boot", "/boot/efi", "/usr", "/var")
+SYSFS_BLOCK = "/sys/class/block"
+# Devices whose first bytes are never read: optical drives, floppies, RAM disks.
+UNREAD_DEVICE_PREFIXES = ("sr", "fd", "ram", "zram")
+HEADER_PROBE = 4096
 
 
 def __virtual__():
     if not salt.utils.platform.is_linux():
         return False, "hana_storage: only Linux has dm-crypt, LVM and XFS"
+    if not salt.utils.path.which("dmsetup"):
+        return False, "hana_storage: dmsetup not found (install the dmsetup or device-mapper package)"
     return __virtualname__
 
 
-def _pillar_utils():
-    return __utils__["hana_storage_pillar.merge"], __utils__["hana_storage_pillar.validate"]
+def _util(name):
+    return __utils__[f"hana_storage_{name}"]
+
+
+# ---- the pillar ------------------------------------------------------------------------------
 
 
 def _formula_file(url):
@@ -55,46 +66,13 @@ def _defaults():
     return salt.utils.yaml.safe_load(_formula_file(DEFAULTS_URL)) or {}
 
 
-def _read(path):
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read()
-    except OSError:
-        return ""
-
-
-def _block_tree(name):
-    """sysfs names of a block device, its parent disk and everything it sits on (dm slaves)."""
-    seen, todo = set(), [name]
-    while todo:
-        current = todo.pop()
-        if current in seen or not os.path.exists(f"/sys/class/block/{current}"):
-            continue
-        seen.add(current)
-        real = os.path.realpath(f"/sys/class/block/{current}")
-        parent = os.path.basename(os.path.dirname(real))
-        if os.path.exists(f"/sys/class/block/{parent}/{current}"):  # a partition: add its disk
-            todo.append(parent)
-        slaves = f"/sys/class/block/{current}/slaves"
-        if os.path.isdir(slaves):
-            todo.extend(os.listdir(slaves))
-    return seen
-
-
-def _system_devices():
-    """Device paths that hold the running system (/, /boot, /usr, /var, swap), disks included."""
-    names = set()
-    for line in _read("/proc/self/mountinfo").splitlines():
-        fields = line.split()
-        if len(fields) > 4 and fields[4] in SYSTEM_MOUNTS:
-            dev = os.path.realpath(f"/sys/dev/block/{fields[2]}")
-            if os.path.exists(dev):
-                names |= _block_tree(os.path.basename(dev))
-    for line in _read("/proc/swaps").splitlines()[1:]:
-        path = line.split()[0] if line.split() else ""
-        if path.startswith("/dev/"):
-            names |= _block_tree(os.path.basename(os.path.realpath(path)))
-    return sorted(f"/dev/{name}" for name in names)
+def _merged(pillar=None):
+    if pillar is None:
+        # not pillar.get: Salt 3008 masks the values it returns outside renderers
+        pillar = salt.utils.data.traverse_dict_and_list(__pillar__, "hana:storage", {})
+    if not isinstance(pillar, dict):
+        return None, [f"hana:storage: must be a mapping, got {type(pillar).__name__}"]
+    return _util("pillar.merge")(_defaults(), pillar), []
 
 
 def _device_facts(config):
@@ -115,14 +93,23 @@ def _device_facts(config):
     return facts
 
 
-def _merged(pillar=None):
-    merge, _ = _pillar_utils()
-    if pillar is None:
-        # not pillar.get: Salt 3008 masks the values it returns outside renderers
-        pillar = salt.utils.data.traverse_dict_and_list(__pillar__, "hana:storage", {})
-    if not isinstance(pillar, dict):
-        return None, [f"hana:storage: must be a mapping, got {type(pillar).__name__}"]
-    return merge(_defaults(), pillar), []
+def _system_devices():
+    """Device paths that hold the running system (/, /boot, /usr, /var, swap), disks included."""
+    devices = _util("stack.build_devices")(_sysfs(), {}, _mounts())
+    tops = {n for n, d in devices.items() if set(d["mountpoints"]) & set(SYSTEM_MOUNTS)}
+    for line in _read("/proc/swaps").splitlines()[1:]:
+        path = line.split()[0] if line.split() else ""
+        name = os.path.basename(os.path.realpath(path))
+        if path.startswith("/dev/") and name in devices:
+            tops.add(name)
+    names = set()
+    for top in tops:
+        for name in _util("stack.stack")(devices, top):
+            names.add(name)
+            parent = devices[name]["partition_of"]
+            if parent:
+                names.add(parent)
+    return sorted(f"/dev/{name}" for name in names)
 
 
 def validate_pillar(pillar=None, host_checks=True):
@@ -145,11 +132,10 @@ def validate_pillar(pillar=None, host_checks=True):
     config, errors = _merged(pillar)
     if errors:
         return errors
-    _, validate = _pillar_utils()
     facts = None
     if host_checks:
         facts = {"devices": _device_facts(config), "system_devices": _system_devices()}
-    return validate(config, _schema(), facts)
+    return _util("pillar.validate")(config, _schema(), facts)
 
 
 def settings(pillar=None, host_checks=True):
@@ -169,4 +155,298 @@ def settings(pillar=None, host_checks=True):
     if errors:
         return {"valid": False, "errors": errors, "config": None}
     config, _ = _merged(pillar)
-    return {"valid": True, "errors": [], "config": __utils__["hana_storage_pillar.normalize"](config)}
+    return {"valid": True, "errors": [], "config": _util("pillar.normalize")(config)}
+
+
+def _plan(pillar=None):
+    """The plan for read-only work: host checks off, so a missing disk is audited, not refused."""
+    result = settings(pillar, host_checks=False)
+    if not result["valid"]:
+        raise CommandExecutionError(_util("pillar.validation_summary")(result["errors"]))
+    return result["config"]
+
+
+# ---- facts from the host ---------------------------------------------------------------------
+
+
+def _read(path):
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+def _listdir(path):
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def _sysfs():
+    """One dict per /sys/class/block entry: dev, size, slaves, holders, partition, dm."""
+    snapshot = {}
+    for name in _listdir(SYSFS_BLOCK):
+        base = f"{SYSFS_BLOCK}/{name}"
+        dev = _read(f"{base}/dev").strip()
+        if not dev:
+            continue
+        size = _read(f"{base}/size").strip()
+        info = {
+            "dev": dev,
+            "size": int(size) if size.isdigit() else 0,
+            "slaves": _listdir(f"{base}/slaves"),
+            "holders": _listdir(f"{base}/holders"),
+            "partition_of": None,
+            "dm": None,
+        }
+        if os.path.exists(f"{base}/partition"):
+            info["partition_of"] = os.path.basename(os.path.dirname(os.path.realpath(base)))
+        if os.path.isdir(f"{base}/dm"):
+            info["dm"] = {
+                "name": _read(f"{base}/dm/name").strip(),
+                "uuid": _read(f"{base}/dm/uuid").strip(),
+                "suspended": _read(f"{base}/dm/suspended").strip() == "1",
+            }
+        snapshot[name] = info
+    return snapshot
+
+
+def _mounts():
+    try:
+        return _util("tab.parse_mountinfo")(_read("/proc/self/mountinfo"))
+    except ValueError as error:
+        log.warning("hana_storage: /proc/self/mountinfo unreadable: %s", error)
+        return []
+
+
+def _run(argv):
+    """Run a read-only command; (stdout, error or None). Output is never logged."""
+    result = __salt__["cmd.run_all"](argv, python_shell=False, output_loglevel="quiet", ignore_retcode=True)
+    if result["retcode"]:
+        return None, f"{argv[0]} exited {result['retcode']}: {result['stderr'].strip()[:300]}"
+    return result["stdout"], None
+
+
+def _dm_tables():
+    text, error = _run(["dmsetup", "table"])
+    if error:
+        if "No devices found" in error or "device-mapper" in error:
+            return {}
+        raise CommandExecutionError(f"dmsetup table failed: {error}")
+    return _util("dm.parse_tables")(text)
+
+
+def _lvm_segments():
+    if not salt.utils.path.which("lvs"):
+        return {"error": "lvs not found (lvm2 not installed)"}
+    text, error = _run(_util("lvm.lvs_command")())
+    if error:
+        return {"error": error}
+    try:
+        return _util("lvm.parse_segments")(text)
+    except ValueError as err:
+        return {"error": str(err)}
+
+
+def _read_device(name, offset, size):
+    try:
+        fd = os.open(f"/dev/{name}", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as error:
+        raise CommandExecutionError(f"cannot open /dev/{name}: {error.strerror}") from None
+    try:
+        return os.pread(fd, size, offset)
+    except OSError as error:
+        raise CommandExecutionError(f"cannot read /dev/{name}: {error.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def _header_of(name):
+    """LUKS summary of /dev/<name>, or {"error": ...} (never raises)."""
+    try:
+        return _util("luks.parse_header")(lambda offset, size: _read_device(name, offset, size))
+    except (ValueError, CommandExecutionError) as error:
+        return {"error": str(error)}
+
+
+def _superblock_of(name):
+    try:
+        return _util("xfs.parse_superblock")(_read_device(name, 0, 512))
+    except (ValueError, CommandExecutionError) as error:
+        return {"error": str(error)}
+
+
+def _parsed_file(path, parser):
+    if not os.path.exists(path):
+        return []
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return _util(parser)(handle.read())
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        return {"error": f"{path}: {error}"}
+
+
+def _key_file_facts(plan):
+    facts = {}
+    for volume in plan["volumes"].values():
+        path = volume["key"]["file"]
+        try:
+            info = os.stat(path)
+            facts[path] = {"exists": True, "mode": stat.S_IMODE(info.st_mode), "uid": info.st_uid}
+        except OSError:
+            facts[path] = {"exists": False}
+    return facts
+
+
+def _device_tree():
+    """(devices, mounts) with dm tables attached; one `dmsetup table` for all devices."""
+    mounts = _mounts()
+    devices = _util("stack.build_devices")(_sysfs(), _dm_tables(), mounts)
+    return devices, mounts
+
+
+def _facts(plan):
+    """Everything the audit reads, gathered once."""
+    devices, mounts = _device_tree()
+    stacks = {name: _util("stack.describe")(devices, name) for name in devices}
+    headers = {}
+    for device in devices.values():
+        if device["kind"] == "crypt":
+            backing = _util("stack.backing_device")(device)
+            if backing and backing in devices and backing not in headers:
+                headers[backing] = _header_of(backing)
+    mountpoints = {v["mountpoint"] for v in plan["volumes"].values()}
+    fs_dm_names = {v["fs_dm_name"] for v in plan["volumes"].values()}
+    by_dev = {d["dev"]: n for n, d in devices.items()}
+    tops = {by_dev.get(m["dev"]) for m in mounts if m["mountpoint"] in mountpoints and m["fstype"] == "xfs"}
+    tops |= {n for n, d in devices.items() if d["dm_name"] in fs_dm_names}  # present, maybe unmounted
+    superblocks = {}
+    for name in tops - {None}:
+        # a read through a suspended device would block until it is resumed
+        if any(devices[n]["suspended"] for n in stacks[name]["devices"]):
+            superblocks[name] = {"error": "not read: a device of the stack is suspended"}
+        else:
+            superblocks[name] = _superblock_of(name)
+    return {
+        "devices": devices,
+        "stacks": stacks,
+        "mounts": mounts,
+        "headers": headers,
+        "superblocks": superblocks,
+        "lvm": _lvm_segments(),
+        "crypttab": _parsed_file("/etc/crypttab", "tab.parse_crypttab"),
+        "fstab": _parsed_file("/etc/fstab", "tab.parse_fstab"),
+        "key_files": _key_file_facts(plan),
+    }
+
+
+# ---- public functions ------------------------------------------------------------------------
+
+
+def dm_tables():
+    """
+    The parsed ``dmsetup table`` of every mapped device, keys redacted.
+
+    Returns ``{name: [segment, ...]}``; a crypt segment carries cipher, key type and size
+    (never the key), iv_offset, device, offset, flags and sector_size.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' hana_storage.dm_tables
+    """
+    return _dm_tables()
+
+
+def luks_header(device):
+    """
+    Parse the LUKS1/LUKS2 header of a device natively (both LUKS2 copies, checksums verified).
+
+    device
+        A block device (or a file holding a header), e.g. ``/dev/vdc`` or ``/dev/vg/lv``.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' hana_storage.luks_header /dev/vdc
+    """
+    path = os.path.realpath(device)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as error:
+        raise CommandExecutionError(f"cannot open {device}: {error.strerror}") from None
+    try:
+        return _util("luks.parse_header")(lambda offset, size: os.pread(fd, size, offset))
+    except OSError as error:
+        raise CommandExecutionError(f"cannot read {device}: {error.strerror}") from None
+    except ValueError as error:
+        raise CommandExecutionError(f"{device}: {error}") from None
+    finally:
+        os.close(fd)
+
+
+def inspect():
+    """
+    Every block device's stack: kind, dm table (keys redacted), LUKS header summary,
+    LVM segments, slaves/holders and mountpoints.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' hana_storage.inspect
+    """
+    devices, mounts = _device_tree()
+    lvm = _lvm_segments()
+    for name, device in devices.items():
+        if name.startswith(UNREAD_DEVICE_PREFIXES) or not device["size_bytes"] or device["suspended"]:
+            continue
+        try:
+            probe = _read_device(name, 0, HEADER_PROBE)
+        except CommandExecutionError as error:
+            device["read_error"] = str(error)
+            continue
+        if _util("luks.is_luks")(probe):
+            device["luks"] = _header_of(name)
+        if device["kind"] == "lv" and isinstance(lvm, list):
+            device["lvm"] = [s for s in lvm if s["dm_path"] == device["path"]]
+    for device in devices.values():
+        if device["kind"] == "crypt":
+            backing = _util("stack.backing_device")(device)
+            device["backing_device"] = backing
+    by_dev = {d["dev"]: n for n, d in devices.items()}
+    stacks = {}
+    for mount in mounts:
+        name = by_dev.get(mount["dev"])
+        stacks[mount["mountpoint"]] = {
+            "source": mount["source"],
+            "fstype": mount["fstype"],
+            "options": mount["options"] + mount["super_options"],
+            "stack": _util("stack.describe")(devices, name) if name else None,
+        }
+    return {"devices": devices, "mounts": stacks, "lvm": lvm}
+
+
+def audit(pillar=None):
+    """
+    Compliance of this host against its ``hana:storage`` pillar.
+
+    Returns ``{"compliant": bool, "findings": [...], "volumes": {...}}``; each finding has
+    rule, severity, volume, mountpoint, device, expected, actual, remediation (auto|manual)
+    and message. Rule IDs are stable (see the README's rule table).
+
+    pillar
+        A ``hana:storage`` mapping to audit against instead of this minion's pillar.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' hana_storage.audit
+    """
+    plan = _plan(pillar)
+    return _util("rules.audit")(plan, _facts(plan))

@@ -53,6 +53,18 @@ FORBIDDEN_MKFS = {
     "-K": "skips discards the formula decides on",
 }
 REMOVED_XFS_OPTIONS = {"barrier", "nobarrier"}
+# fstab options that never show in the kernel's view of a mount
+USERSPACE_MOUNT_OPTIONS = {
+    "defaults",
+    "auto",
+    "noauto",
+    "nofail",
+    "user",
+    "nouser",
+    "users",
+    "owner",
+    "_netdev",
+}
 
 PATTERN_HELP = {
     "abspath": "an absolute path without spaces",
@@ -423,10 +435,13 @@ def normalize(config):
             else keypath("key", "material"),
         }
         volume["lv_path"] = f"/dev/{volume['vg']}/{volume['lv']}"
+        # device-mapper's name for the LV: '-' inside VG and LV names is doubled
+        volume["lv_dm_name"] = f"{volume['vg'].replace('-', '--')}-{volume['lv'].replace('-', '--')}"
         if volume["encryption"] == "above_lvm":
             volume["crypt"] = [{"name": volume["crypt_name"], "device": volume["lv_path"]}]
             volume["pvs"] = list(volume["devices"])
             volume["fs_device"] = f"/dev/mapper/{volume['crypt_name']}"
+            volume["fs_dm_name"] = volume["crypt_name"]
         else:
             volume["crypt"] = [
                 {"name": crypt, "device": device}
@@ -436,11 +451,46 @@ def normalize(config):
             ]
             volume["pvs"] = [f"/dev/mapper/{c['name']}" for c in volume["crypt"]]
             volume["fs_device"] = volume["lv_path"]
+            volume["fs_dm_name"] = volume["lv_dm_name"]
+        # Safe mode off: every device this pillar names may be formatted.
+        volume["may_format"] = list(volume["devices"]) if not config["safe_mode"] else volume["allow_format"]
+        # A pillar key lives on tmpfs and is there only once Salt wrote it: no unlock or mount at boot.
+        at_boot = [] if key["source"] == "keyfile" else ["noauto"]
+        volume["crypttab_options"] = ["luks", *crypttab_flag_options(config["luks"]), *at_boot]
+        volume["fstab_options"] = [*volume["mount_options"], *at_boot]
+        volume["kernel_mount_options"] = [
+            o for o in volume["mount_options"] if o not in USERSPACE_MOUNT_OPTIONS and not o.startswith("x-")
+        ]
         volumes[name] = volume
     plan = {k: copy.deepcopy(v) for k, v in config.items() if k not in ("volumes", "volume_defaults", "key")}
     plan["key"] = {k: v for k, v in config["key"].items() if k != "material"}
+    plan["luks"]["dm_flags"] = dm_flags(config["luks"])
+    plan["luks"]["header_flags"] = [flag.replace("_", "-") for flag in plan["luks"]["dm_flags"]]
     plan["volumes"] = volumes
     return plan
+
+
+def dm_flags(luks):
+    """The dm-crypt table flags the LUKS policy asks for, sorted as the audit compares them."""
+    perf = luks.get("perf", {})
+    wanted = {
+        "allow_discards": luks.get("allow_discards", False),
+        "no_read_workqueue": perf.get("no_read_workqueue", False),
+        "no_write_workqueue": perf.get("no_write_workqueue", False),
+    }
+    return sorted(flag for flag, on in wanted.items() if on)
+
+
+CRYPTTAB_SPELLING = {
+    "allow_discards": "discard",
+    "no_read_workqueue": "no-read-workqueue",
+    "no_write_workqueue": "no-write-workqueue",
+}
+
+
+def crypttab_flag_options(luks):
+    """crypttab spellings of the dm-crypt flags (systemd-cryptsetup and Debian's cryptdisks)."""
+    return [CRYPTTAB_SPELLING[flag] for flag in dm_flags(luks)]
 
 
 def validation_summary(errors):

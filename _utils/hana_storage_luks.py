@@ -1,0 +1,327 @@
+"""LUKS1 and LUKS2 on-disk headers, parsed natively. Pure code: bytes come from a ``read`` callable.
+
+``parse_header(read)`` where ``read(offset, size) -> bytes`` (fewer bytes at the end of a device).
+LUKS2 (https://gitlab.com/cryptsetup/LUKS2-docs): a 4096-byte binary header followed by a JSON
+area, the whole ``hdr_size`` checksummed (csum field zeroed); a second copy follows at
+``hdr_size``. Both copies are read and verified; when one is damaged the other is used and the
+result says ``degraded``. LUKS1: one 592-byte header, no checksum.
+
+The summary carries no salts, digests or key material: only what an audit needs.
+"""
+
+import hashlib
+import json
+import struct
+
+MAGIC_PRIMARY = b"LUKS\xba\xbe"
+MAGIC_SECONDARY = b"SKUL\xba\xbe"
+BINARY_HEADER_SIZE = 4096
+# Where a LUKS2 secondary header may sit: every allowed hdr_size (16 KiB .. 4 MiB).
+LUKS2_HEADER_SIZES = tuple(16384 << i for i in range(9))
+LUKS1_HEADER_SIZE = 592
+LUKS1_KEYSLOT_ACTIVE = 0x00AC71F3
+LUKS1_KEYSLOT_DISABLED = 0x0000DEAD
+LUKS2_FLAGS = (
+    "allow-discards",
+    "same-cpu-crypt",
+    "submit-from-crypt-cpus",
+    "no-journal",
+    "no-read-workqueue",
+    "no-write-workqueue",
+    "high-priority",
+)
+
+
+class LuksError(ValueError):
+    """Not a LUKS header, or one too damaged to read."""
+
+    def __init__(self, message, no_magic=False):
+        super().__init__(message)
+        self.no_magic = no_magic
+
+
+def is_luks(first_bytes):
+    """True when the bytes start with a LUKS1/LUKS2 magic (either copy's)."""
+    return first_bytes[:6] in (MAGIC_PRIMARY, MAGIC_SECONDARY)
+
+
+def parse_header(read):
+    """Summary of the LUKS header of a device, or LuksError."""
+    start = read(0, BINARY_HEADER_SIZE)
+    if len(start) >= 8 and start[:6] == MAGIC_PRIMARY and _u16(start, 6) == 1:
+        return _parse_luks1(start)
+    return _parse_luks2(read, start)
+
+
+# ---- LUKS1 ---------------------------------------------------------------------------------
+
+
+def _parse_luks1(raw):
+    if len(raw) < LUKS1_HEADER_SIZE:
+        raise LuksError(f"LUKS1 header truncated: {len(raw)} of {LUKS1_HEADER_SIZE} bytes")
+    cipher_name = _text(raw[8:40], "cipher name")
+    cipher_mode = _text(raw[40:72], "cipher mode")
+    hash_spec = _text(raw[72:104], "hash spec")
+    payload_offset, key_bytes = struct.unpack_from(">II", raw, 104)
+    uuid = _text(raw[168:208], "uuid")
+    if not cipher_name or key_bytes == 0 or key_bytes > 512:
+        raise LuksError(f"LUKS1 header invalid: cipher {cipher_name!r}, key bytes {key_bytes}")
+    keyslots = []
+    for slot in range(8):
+        active, iterations = struct.unpack_from(">II", raw, 208 + slot * 48)
+        if active == LUKS1_KEYSLOT_ACTIVE:
+            kdf = {"type": "pbkdf2", "hash": hash_spec, "iterations": iterations}
+            keyslots.append({"id": slot, "type": "luks1", "key_size": key_bytes * 8, "kdf": kdf})
+        elif active != LUKS1_KEYSLOT_DISABLED:
+            raise LuksError(f"LUKS1 keyslot {slot} has an invalid state 0x{active:08x}")
+    cipher = f"{cipher_name}-{cipher_mode}" if cipher_mode else cipher_name
+    return {
+        "version": 1,
+        "uuid": uuid,
+        "label": "",
+        "subsystem": "",
+        "cipher": cipher,
+        "key_size": key_bytes * 8,
+        "sector_size": 512,
+        "data_offset": payload_offset * 512,
+        "keyslots": keyslots,
+        "segments": [{"id": 0, "type": "crypt", "encryption": cipher, "sector_size": 512}],
+        "flags": [],
+        "requirements": [],
+        "tokens": [],
+        "hash": hash_spec,
+        "degraded": False,
+        "copies": {"primary": "ok"},
+    }
+
+
+# ---- LUKS2 ---------------------------------------------------------------------------------
+
+
+def _parse_luks2(read, start):
+    copies, errors = {}, []
+    primary = secondary = None
+    try:
+        primary = _read_luks2_copy(read, 0, MAGIC_PRIMARY, start)
+        copies["primary"] = "ok"
+    except LuksError as error:
+        copies["primary"] = str(error)
+        errors.append(error)
+    # The secondary sits at the primary's hdr_size; with the primary gone, probe every allowed size.
+    offsets = [primary["hdr_size"]] if primary else list(LUKS2_HEADER_SIZES)
+    secondary_errors = []
+    for offset in offsets:
+        try:
+            secondary = _read_luks2_copy(read, offset, MAGIC_SECONDARY)
+            copies["secondary"] = "ok"
+            break
+        except LuksError as error:
+            secondary_errors.append(error)
+    errors += secondary_errors
+    if secondary is None:
+        # the most telling reason: a copy whose magic was there but that failed a later check
+        damaged = [e for e in secondary_errors if not e.no_magic]
+        if damaged or len(offsets) == 1:
+            copies["secondary"] = str((damaged or secondary_errors)[0])
+        else:
+            copies["secondary"] = "not found at any allowed offset"
+    if primary is None and secondary is None:
+        if all(e.no_magic for e in errors):
+            raise LuksError("no LUKS header (no LUKS magic at offset 0 and no LUKS2 secondary header)")
+        raise LuksError(
+            f"no readable LUKS2 header copy: primary: {copies['primary']}; secondary: {copies['secondary']}"
+        )
+    degraded = primary is None or secondary is None
+    if primary and secondary and primary["seqid"] != secondary["seqid"]:
+        copies["secondary"] = f"seqid {secondary['seqid']} differs from the primary's {primary['seqid']}"
+        degraded = True
+    best = max((c for c in (primary, secondary) if c), key=lambda c: c["seqid"])
+    summary = _summarise(best)
+    summary.update(degraded=degraded, copies=copies, seqid=best["seqid"], hdr_size=best["hdr_size"])
+    return summary
+
+
+def _read_luks2_copy(read, offset, magic, raw=None):
+    raw = raw if raw is not None else read(offset, BINARY_HEADER_SIZE)
+    if len(raw) < BINARY_HEADER_SIZE:
+        raise LuksError(f"header at {offset} truncated ({len(raw)} bytes)", no_magic=True)
+    if raw[:6] != magic:
+        which = "primary" if offset == 0 else "secondary"
+        raise LuksError(f"no LUKS2 {which} magic at offset {offset}", no_magic=True)
+    version = _u16(raw, 6)
+    if version != 2:
+        raise LuksError(f"header at {offset}: version {version}, expected 2")
+    hdr_size, seqid = struct.unpack_from(">QQ", raw, 8)
+    if hdr_size not in LUKS2_HEADER_SIZES:
+        raise LuksError(f"header at {offset}: invalid hdr_size {hdr_size}")
+    hdr_offset = struct.unpack_from(">Q", raw, 256)[0]
+    if hdr_offset != offset:
+        raise LuksError(f"header at {offset} says it is at {hdr_offset}")
+    algorithm = _text(raw[72:104], "checksum algorithm")
+    if algorithm not in ("sha256", "sha512", "sha1"):
+        raise LuksError(f"header at {offset}: unsupported checksum algorithm {algorithm!r}")
+    area = raw + read(offset + BINARY_HEADER_SIZE, hdr_size - BINARY_HEADER_SIZE)
+    if len(area) < hdr_size:
+        raise LuksError(f"header at {offset} truncated: {len(area)} of {hdr_size} bytes")
+    digest = hashlib.new(algorithm)
+    digest.update(area[:448])
+    digest.update(bytes(64))
+    digest.update(area[512:hdr_size])
+    stored = raw[448 : 448 + digest.digest_size]
+    if digest.digest() != stored:
+        raise LuksError(f"header at {offset}: {algorithm} checksum mismatch")
+    metadata = _json_area(area[BINARY_HEADER_SIZE:hdr_size], offset)
+    return {
+        "seqid": seqid,
+        "hdr_size": hdr_size,
+        "label": _text(raw[24:72], "label"),
+        "subsystem": _text(raw[208:256], "subsystem"),
+        "uuid": _text(raw[168:208], "uuid"),
+        "checksum_alg": algorithm,
+        "metadata": metadata,
+    }
+
+
+def _json_area(area, offset):
+    text = area.split(b"\0", 1)[0]
+    try:
+        metadata = json.loads(text.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as error:
+        raise LuksError(f"header at {offset}: JSON metadata unreadable ({error})") from None
+    if not isinstance(metadata, dict):
+        raise LuksError(f"header at {offset}: JSON metadata is not an object")
+    for key in ("keyslots", "segments", "digests", "config"):
+        if not isinstance(metadata.get(key), dict):
+            raise LuksError(f"header at {offset}: JSON metadata lacks the {key!r} object")
+    return metadata
+
+
+def _summarise(copy):
+    meta = copy["metadata"]
+    segments = [_segment(sid, seg) for sid, seg in _numbered(meta["segments"], "segment")]
+    keyslots = [_keyslot(kid, slot) for kid, slot in _numbered(meta["keyslots"], "keyslot")]
+    tokens = [
+        {"id": tid, "type": _field(tok, "type", str, f"token {tid}"), "keyslots": tok.get("keyslots", [])}
+        for tid, tok in _numbered(meta.get("tokens") or {}, "token")
+    ]
+    config = meta["config"]
+    flags = config.get("flags", [])
+    if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
+        raise LuksError("config.flags is not a list of strings")
+    requirements = (
+        config.get("requirements", {}).get("mandatory", [])
+        if isinstance(config.get("requirements"), dict)
+        else []
+    )
+    crypt = [s for s in segments if s["type"] == "crypt"]
+    first = crypt[0] if crypt else (segments[0] if segments else {})
+    digests_for_segment = [
+        d for d in meta["digests"].values() if isinstance(d, dict) and "0" in (d.get("segments") or [])
+    ]
+    slot_ids = {str(k) for d in digests_for_segment for k in d.get("keyslots") or []}
+    sized = [s["key_size"] for s in keyslots if str(s["id"]) in slot_ids] or [s["key_size"] for s in keyslots]
+    return {
+        "version": 2,
+        "uuid": copy["uuid"],
+        "label": copy["label"],
+        "subsystem": copy["subsystem"],
+        "checksum_alg": copy["checksum_alg"],
+        "cipher": first.get("encryption"),
+        "key_size": max(sized) if sized else None,
+        "sector_size": first.get("sector_size"),
+        "data_offset": first.get("offset"),
+        "keyslots": keyslots,
+        "segments": segments,
+        "flags": sorted(flags),
+        "requirements": list(requirements) if isinstance(requirements, list) else [],
+        "tokens": tokens,
+    }
+
+
+def _segment(sid, seg):
+    where = f"segment {sid}"
+    kind = _field(seg, "type", str, where)
+    result = {"id": sid, "type": kind, "offset": _int_text(seg.get("offset"), f"{where} offset")}
+    size = seg.get("size")
+    result["size"] = "dynamic" if size == "dynamic" else _int_text(size, f"{where} size")
+    if kind == "crypt":
+        result["encryption"] = _field(seg, "encryption", str, where)
+        result["sector_size"] = _field(seg, "sector_size", int, where)
+        result["iv_tweak"] = _int_text(seg.get("iv_tweak", "0"), f"{where} iv_tweak")
+        if result["sector_size"] not in (512, 1024, 2048, 4096):
+            raise LuksError(f"{where}: invalid sector_size {result['sector_size']}")
+    return result
+
+
+def _keyslot(kid, slot):
+    where = f"keyslot {kid}"
+    kdf = _field(slot, "kdf", dict, where)
+    kdf_type = _field(kdf, "type", str, f"{where} kdf")
+    summary = {"type": kdf_type}
+    if kdf_type == "pbkdf2":
+        summary["hash"] = _field(kdf, "hash", str, f"{where} kdf")
+        summary["iterations"] = _field(kdf, "iterations", int, f"{where} kdf")
+    elif kdf_type in ("argon2i", "argon2id"):
+        for key in ("time", "memory", "cpus"):
+            summary[key] = _field(kdf, key, int, f"{where} kdf")
+    return {
+        "id": kid,
+        "type": _field(slot, "type", str, where),
+        "key_size": _field(slot, "key_size", int, where) * 8,
+        "priority": slot.get("priority", 1) if isinstance(slot.get("priority", 1), int) else 1,
+        "kdf": summary,
+    }
+
+
+# ---- helpers -------------------------------------------------------------------------------
+
+
+def _numbered(mapping, what):
+    if not isinstance(mapping, dict):
+        raise LuksError(f"{what}s are not a JSON object")
+    items = []
+    for key, value in mapping.items():
+        if not (isinstance(key, str) and key.isdigit() and len(key) < 10):
+            raise LuksError(f"{what} id {key!r} is not a number")
+        if not isinstance(value, dict):
+            raise LuksError(f"{what} {key} is not a JSON object")
+        items.append((int(key), value))
+    return sorted(items, key=lambda item: item[0])
+
+
+def _field(mapping, key, kind, where):
+    value = mapping.get(key)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise LuksError(f"{where}: {key!r} missing or not a {kind.__name__}")
+    return value
+
+
+def _int_text(value, where):
+    """LUKS2 stores 64-bit numbers as decimal strings."""
+    if isinstance(value, str) and value.isdigit() and len(value) <= 20:
+        return int(value)
+    raise LuksError(f"{where}: {value!r} is not a decimal string")
+
+
+def _text(raw, what):
+    text = raw.split(b"\0", 1)[0]
+    try:
+        decoded = text.decode("utf-8")
+    except UnicodeDecodeError:
+        raise LuksError(f"{what} is not UTF-8") from None
+    if not decoded.isprintable():
+        raise LuksError(f"{what} holds control characters")
+    return decoded
+
+
+def _u16(raw, offset):
+    return struct.unpack_from(">H", raw, offset)[0]
+
+
+def reader_for(data):
+    """A ``read`` callable over bytes (tests, and callers that already hold the bytes)."""
+
+    def read(offset, size):
+        return bytes(data[offset : offset + size])
+
+    return read

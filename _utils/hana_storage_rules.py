@@ -1,0 +1,520 @@
+"""Compliance rules with stable IDs: the normalised plan against facts about the host. Pure code.
+
+``audit(plan, facts)`` -> {"compliant", "findings", "volumes"}. ``facts`` is gathered by the
+execution module: the device tree (hana_storage_stack.build_devices), mounts, LUKS header
+summaries and XFS superblocks by device name, LVM segments, crypttab, fstab and key file stats.
+``facts["stacks"]`` holds hana_storage_stack.describe() of every device (utils modules do not
+import each other: the Salt loader keeps each one's own copy fresh). A fact that could not be
+gathered is ``{"error": "..."}`` and the rule that needs it says so.
+"""
+
+# rule: (severity, remediation, what fails)
+RULES = {
+    "HANA-ENC-001": ("critical", "manual", "a HANA mount is backed by a stack with no crypt target"),
+    "HANA-ENC-002": ("high", "manual", "LUKS version is not 2"),
+    "HANA-ENC-003": ("critical", "manual", "cipher differs from policy"),
+    "HANA-ENC-004": ("high", "manual", "key size below policy"),
+    "HANA-ENC-005": ("high", "manual", "crypt mapping with no (readable) LUKS header"),
+    "HANA-ENC-006": ("medium", "manual", "keyslot KDF weaker than policy"),
+    "HANA-ENC-007": ("high", "manual", "one LUKS2 header copy is damaged (degraded)"),
+    "HANA-PERF-001": ("medium", "manual", "LUKS sector size differs from policy"),
+    "HANA-PERF-002": ("medium", "auto", "active dm-crypt flags differ from policy"),
+    "HANA-PERF-003": ("low", "auto", "persistent LUKS2 header flags differ from policy"),
+    "HANA-PERF-004": ("medium", "auto", "allow_discards differs from policy"),
+    "HANA-LAYOUT-001": ("medium", "manual", "LV stripe count or stripe size differs from pillar"),
+    "HANA-LAYOUT-002": ("medium", "manual", "encryption at the other layer than the pillar says"),
+    "HANA-LAYOUT-003": ("low", "manual", "XFS sunit/swidth do not match the stripe geometry"),
+    "HANA-LAYOUT-004": ("high", "manual", "a device of the stack is missing or suspended"),
+    "HANA-PERSIST-001": ("high", "auto", "crypttab entry missing or different"),
+    "HANA-PERSIST-002": ("medium", "auto", "fstab entry or live mount options differ"),
+    "HANA-KEY-001": ("high", "auto", "key file readable by others than root"),
+    "HANA-MOUNT-001": ("high", "manual", "a HANA mountpoint is not mounted"),
+}
+PERF_FLAGS = ("no_read_workqueue", "no_write_workqueue")
+KDF_STRENGTH = {"pbkdf2": 0, "argon2i": 1, "argon2id": 2}
+# crypttab options the formula decides on; others an admin adds are left alone
+MANAGED_CRYPTTAB_OPTIONS = {"luks", "discard", "no-read-workqueue", "no-write-workqueue", "noauto"}
+
+
+def audit(plan, facts):
+    ignored = set(plan.get("compliance", {}).get("ignore_rules", []))
+    findings, volumes = [], {}
+    for name in sorted(plan["volumes"]):
+        found, summary = VolumeAudit(plan, plan["volumes"][name], facts).run()
+        found = [f for f in found if f["rule"] not in ignored]
+        summary.update(compliant=not found, rules=sorted({f["rule"] for f in found}))
+        findings += found
+        volumes[name] = summary
+    return {"compliant": not findings, "findings": findings, "volumes": volumes}
+
+
+def finding_key(finding):
+    """What makes a finding the same finding across audits (beacon de-duplication)."""
+    return f"{finding['rule']}|{finding['volume']}|{finding['device']}"
+
+
+class VolumeAudit:
+    def __init__(self, plan, volume, facts):
+        self.plan, self.volume, self.facts = plan, volume, facts
+        self.luks = plan["luks"]
+        self.devices = facts.get("devices", {})
+        self.findings = []
+
+    def add(self, rule, device, expected, actual, message):
+        severity, remediation, _ = RULES[rule]
+        self.findings.append(
+            {
+                "rule": rule,
+                "severity": severity,
+                "volume": self.volume["name"],
+                "mountpoint": self.volume["mountpoint"],
+                "device": device,
+                "expected": expected,
+                "actual": actual,
+                "remediation": remediation,
+                "message": message,
+            }
+        )
+
+    # ---- the volume ------------------------------------------------------------------------
+    def run(self):
+        volume = self.volume
+        mount = self._mount()
+        top = self._top(mount)
+        summary = {
+            "mountpoint": volume["mountpoint"],
+            "mounted": mount is not None,
+            "device": self.devices[top]["path"] if top else None,
+            "fstype": mount["fstype"] if mount else None,
+            "layer": None,
+            "crypt": [],
+        }
+        if mount is None:
+            self.add(
+                "HANA-MOUNT-001",
+                volume["fs_device"],
+                "mounted",
+                "not mounted",
+                f"{volume['mountpoint']} is not mounted: HANA would write to the root filesystem",
+            )
+        if top:
+            self._stack_rules(top, mount, summary)
+        elif mount is not None:
+            self.add(
+                "HANA-ENC-001",
+                mount["source"],
+                "a dm-crypt device",
+                f"{mount['fstype']} from {mount['source']}",
+                f"{volume['mountpoint']} is mounted from {mount['source']} ({mount['fstype']}), "
+                "which is not an encrypted block device",
+            )
+        self._crypttab_rules()
+        self._fstab_rules(top, mount)
+        self._key_rules()
+        return self.findings, summary
+
+    def _mount(self):
+        mounts = [m for m in self.facts.get("mounts", []) if m["mountpoint"] == self.volume["mountpoint"]]
+        return mounts[-1] if mounts else None  # the last one is on top
+
+    def _top(self, mount):
+        """The device the volume's filesystem is on: the mounted one, else the expected one if present."""
+        if mount:
+            return next((n for n, d in self.devices.items() if d["dev"] == mount["dev"]), None)
+        return next((n for n, d in self.devices.items() if d["dm_name"] == self.volume["fs_dm_name"]), None)
+
+    # ---- what the stack under the filesystem is -------------------------------------------
+    def _stack_rules(self, top, mount, summary):
+        info = self.facts["stacks"][top]
+        summary.update(layer=info["layer"], crypt=[self.devices[c]["dm_name"] for c in info["crypts"]])
+        top_path = self.devices[top]["path"]
+        if not info["crypts"]:
+            self.add(
+                "HANA-ENC-001",
+                top_path,
+                "a dm-crypt layer",
+                "no crypt target in " + " -> ".join(info["devices"]),
+                f"{self.volume['mountpoint']} is not encrypted: {' -> '.join(info['devices'])} "
+                "has no dm-crypt device",
+            )
+        elif info["unencrypted"]:
+            self.add(
+                "HANA-ENC-001",
+                top_path,
+                "every disk under a crypt target",
+                "unencrypted path to " + ", ".join(info["unencrypted"]),
+                f"data of {self.volume['mountpoint']} reaches {', '.join(info['unencrypted'])} "
+                "without passing a dm-crypt device",
+            )
+        for crypt in info["crypts"]:
+            self._crypt_rules(self.devices[crypt])
+        self._health_rules(info)
+        if (
+            info["layer"] in ("above_lvm", "below_lvm", "mixed")
+            and info["layer"] != self.volume["encryption"]
+        ):
+            self.add(
+                "HANA-LAYOUT-002",
+                top_path,
+                self.volume["encryption"],
+                info["layer"],
+                f"{self.volume['mountpoint']} is encrypted {info['layer'].replace('_', ' ')}, "
+                f"the pillar says {self.volume['encryption'].replace('_', ' ')}",
+            )
+        self._lv_rules(info, top_path)
+        if mount and mount["fstype"] == "xfs":
+            self._xfs_rules(top)
+
+    def _health_rules(self, info):
+        suspended = [self.devices[n]["path"] for n in info["devices"] if self.devices[n]["suspended"]]
+        missing = []
+        for name in info["devices"]:
+            for segment in self.devices[name]["table"]:
+                refs = [segment] if "device" in segment else segment.get("devices", [])
+                missing += [
+                    r["device"] for r in refs if "device" in r and r.get("device_name") not in self.devices
+                ]
+        for name in info["lvs"]:
+            for segment in self._lv_segments(name):
+                missing += [d for d in segment["devices"] if d.startswith("[unknown]")]
+        if suspended or missing:
+            actual = [f"suspended: {p}" for p in suspended] + [f"missing: {d}" for d in missing]
+            self.add(
+                "HANA-LAYOUT-004",
+                self.devices[info["top"]]["path"],
+                "every device present and active",
+                actual,
+                f"{self.volume['mountpoint']}: " + "; ".join(actual) + " (I/O to the volume stalls or fails)",
+            )
+
+    def _crypt_rules(self, device):
+        luks, path = self.luks, device["path"]
+        segment = next(s for s in device["table"] if s["target"] == "crypt")
+        backing = segment.get("device_name")
+        header = self.facts.get("headers", {}).get(backing) if backing else None
+        if device["crypt_type"] == "PLAIN" or header is None or "error" in header:
+            reason = (
+                "a plain dm-crypt mapping"
+                if device["crypt_type"] in ("PLAIN", None)
+                else f"LUKS header unreadable: {header['error'] if header else 'not read'}"
+            )
+            self.add(
+                "HANA-ENC-005",
+                path,
+                "a LUKS2 header",
+                reason,
+                f"{path} has no usable LUKS header ({reason}): its key cannot be managed or rotated",
+            )
+            header = None
+        elif header.get("degraded"):
+            bad = {k: v for k, v in header.get("copies", {}).items() if v != "ok"}
+            self.add(
+                "HANA-ENC-007",
+                path,
+                "both LUKS2 header copies intact",
+                bad,
+                f"{path}: LUKS2 header degraded ({'; '.join(f'{k}: {v}' for k, v in bad.items())}); "
+                "back it up (cryptsetup luksHeaderBackup) and repair it",
+            )
+        if header and header["version"] != 2:
+            self.add(
+                "HANA-ENC-002",
+                path,
+                2,
+                header["version"],
+                f"{path} is LUKS{header['version']}: no persistent perf flags, weak PBKDF2 keyslots; "
+                "convert with cryptsetup convert --type luks2",
+            )
+        if segment["cipher"] != luks["cipher"]:
+            self.add(
+                "HANA-ENC-003",
+                path,
+                luks["cipher"],
+                segment["cipher"],
+                f"{path} encrypts with {segment['cipher']}, the policy asks for {luks['cipher']}",
+            )
+        if segment["key_bits"] < luks["key_size"]:
+            self.add(
+                "HANA-ENC-004",
+                path,
+                luks["key_size"],
+                segment["key_bits"],
+                f"{path} has a {segment['key_bits']}-bit key, below the policy's {luks['key_size']} bits",
+            )
+        if header:
+            self._kdf_rules(path, header)
+        if segment["sector_size"] != luks["sector_size"]:
+            self.add(
+                "HANA-PERF-001",
+                path,
+                luks["sector_size"],
+                segment["sector_size"],
+                f"{path} uses {segment['sector_size']}-byte sectors, the policy asks for {luks['sector_size']} "
+                "(re-encryption needed: cryptsetup reencrypt --sector-size)",
+            )
+        self._flag_rules(path, segment, header)
+
+    def _kdf_rules(self, path, header):
+        weak = [
+            f"keyslot {s['id']}: {_kdf_text(s['kdf'])}" for s in header["keyslots"] if self._weak(s["kdf"])
+        ]
+        if weak:
+            minimum = self.plan.get("compliance", {}).get("min_pbkdf", {})
+            self.add(
+                "HANA-ENC-006",
+                path,
+                _kdf_text({"type": "argon2i", **minimum}),
+                weak,
+                f"{path}: {', '.join(weak)} weaker than policy; add a new keyslot with "
+                "cryptsetup luksConvertKey --pbkdf argon2id",
+            )
+
+    def _weak(self, kdf):
+        minimum = self.plan.get("compliance", {}).get("min_pbkdf", {})
+        min_type = minimum.get("type", "argon2i")
+        if KDF_STRENGTH.get(kdf["type"], -1) < KDF_STRENGTH[min_type]:
+            return True
+        if kdf["type"] == "pbkdf2":
+            return kdf.get("iterations", 0) < minimum.get("iterations", 0)
+        return kdf.get("memory", 0) < minimum.get("memory_kib", 0) or kdf.get("time", 0) < minimum.get(
+            "time", 0
+        )
+
+    def _flag_rules(self, path, segment, header):
+        wanted = set(self.luks["dm_flags"])
+        active = set(segment["flags"])
+        want_perf, have_perf = wanted & set(PERF_FLAGS), active & set(PERF_FLAGS)
+        if want_perf != have_perf:
+            self.add(
+                "HANA-PERF-002",
+                path,
+                sorted(want_perf),
+                sorted(have_perf),
+                f"{path} runs with dm-crypt flags {sorted(have_perf) or 'none'}, the policy asks for "
+                f"{sorted(want_perf) or 'none'}",
+            )
+        persistent = set(header["flags"]) if header and header["version"] == 2 else None
+        if persistent is not None:
+            want_stored = {f.replace("_", "-") for f in want_perf}
+            have_stored = persistent & {f.replace("_", "-") for f in PERF_FLAGS}
+            if want_stored != have_stored:
+                self.add(
+                    "HANA-PERF-003",
+                    path,
+                    sorted(want_stored),
+                    sorted(have_stored),
+                    f"{path}: LUKS2 header stores flags {sorted(have_stored) or 'none'}, the policy asks for "
+                    f"{sorted(want_stored) or 'none'} (lost at the next open)",
+                )
+        want_discards = "allow_discards" in wanted
+        have = {"active": "allow_discards" in active}
+        if persistent is not None:
+            have["persistent"] = "allow-discards" in persistent
+        if any(value != want_discards for value in have.values()):
+            self.add(
+                "HANA-PERF-004",
+                path,
+                want_discards,
+                have,
+                f"{path}: allow_discards is {have}, the policy says {want_discards}"
+                + ("" if want_discards else " (discards reveal which blocks are free)"),
+            )
+
+    def _lv_segments(self, name):
+        lvm = self.facts.get("lvm")
+        if not isinstance(lvm, list):
+            return []
+        dm_path = f"/dev/mapper/{self.devices[name]['dm_name']}"
+        return [s for s in lvm if s["dm_path"] == dm_path]
+
+    def _lv_rules(self, info, top_path):
+        want_stripes = self.volume["stripes"]
+        want_size = self.volume["stripe_size_kib"] * 1024 if want_stripes > 1 else 0
+        expected = {"stripes": want_stripes, "stripe_size": want_size}
+        if not info["lvs"]:
+            self.add(
+                "HANA-LAYOUT-001",
+                top_path,
+                expected,
+                "no LV",
+                f"{self.volume['mountpoint']} is not on an LVM logical volume",
+            )
+            return
+        for name in info["lvs"]:
+            segments = self._lv_segments(name) or self._segments_from_table(name)
+            for segment in segments:
+                actual = {
+                    "stripes": segment["stripes"],
+                    "stripe_size": segment["stripe_size"] if segment["stripes"] > 1 else 0,
+                }
+                if actual != expected:
+                    self.add(
+                        "HANA-LAYOUT-001",
+                        self.devices[name]["path"],
+                        expected,
+                        actual,
+                        f"{self.devices[name]['path']} stripes {actual['stripes']} x "
+                        f"{actual['stripe_size'] // 1024} KiB, the pillar says {want_stripes} x "
+                        f"{self.volume['stripe_size_kib']} KiB",
+                    )
+                    break
+
+    def _segments_from_table(self, name):
+        segments = []
+        for segment in self.devices[name]["table"]:
+            if segment["target"] == "striped":
+                segments.append({"stripes": segment["stripes"], "stripe_size": segment["chunk_bytes"]})
+            elif segment["target"] == "linear":
+                segments.append({"stripes": 1, "stripe_size": 0})
+        return segments
+
+    def _xfs_rules(self, top):
+        stripes = self.volume["stripes"]
+        if stripes < 2:
+            return
+        superblock = self.facts.get("superblocks", {}).get(top)
+        unit = self.volume["stripe_size_kib"] * 1024
+        expected = {"sunit": unit, "swidth": unit * stripes}
+        if not superblock or "error" in superblock:
+            actual = superblock["error"] if superblock else "superblock not read"
+        else:
+            actual = {"sunit": superblock["sunit_bytes"], "swidth": superblock["swidth_bytes"]}
+            if actual == expected:
+                return
+        self.add(
+            "HANA-LAYOUT-003",
+            self.devices[top]["path"],
+            expected,
+            actual,
+            f"{self.volume['mountpoint']}: XFS stripe unit/width {actual}, the stripes need {expected} "
+            "(recreate the filesystem with mkfs.xfs -d su=..,sw=..)",
+        )
+
+    # ---- persistence and keys -----------------------------------------------------------------
+    def _crypttab_rules(self):
+        entries = self.facts.get("crypttab")
+        for crypt in self.volume["crypt"]:
+            path = f"/dev/mapper/{crypt['name']}"
+            want_device = self._luks_uuid(crypt)
+            expected = {
+                "device": f"UUID={want_device}" if want_device else crypt["device"],
+                "keyfile": self.volume["key"]["file"],
+                "options": sorted(self.volume["crypttab_options"]),
+            }
+            if not isinstance(entries, list):
+                actual = f"/etc/crypttab unreadable: {entries.get('error') if entries else 'not read'}"
+            else:
+                entry = next((e for e in entries if e["name"] == crypt["name"]), None)
+                if entry is None:
+                    actual = "no entry"
+                else:
+                    actual = {
+                        "device": entry["device"],
+                        "keyfile": entry["keyfile"],
+                        "options": sorted(o for o in entry["options"] if o in MANAGED_CRYPTTAB_OPTIONS),
+                    }
+                    device_ok = entry["device"] in (expected["device"], crypt["device"]) or (
+                        not want_device and entry["device"].startswith("UUID=")
+                    )
+                    if (
+                        device_ok
+                        and actual["keyfile"] == expected["keyfile"]
+                        and actual["options"] == expected["options"]
+                    ):
+                        continue
+            self.add(
+                "HANA-PERSIST-001",
+                path,
+                expected,
+                actual,
+                f"/etc/crypttab entry for {crypt['name']}: {_difference(expected, actual)}",
+            )
+
+    def _luks_uuid(self, crypt):
+        """The LUKS UUID of an open crypt device of the plan, if its header was read."""
+        for device in self.devices.values():
+            if device["dm_name"] == crypt["name"] and device["kind"] == "crypt":
+                segment = next(s for s in device["table"] if s["target"] == "crypt")
+                header = self.facts.get("headers", {}).get(segment.get("device_name"))
+                if header and "error" not in header:
+                    return header["uuid"]
+        return None
+
+    def _fstab_rules(self, top, mount):
+        volume, entries = self.volume, self.facts.get("fstab")
+        superblock = self.facts.get("superblocks", {}).get(top) if top else None
+        fs_uuid = superblock.get("uuid") if superblock and "error" not in superblock else None
+        expected = {
+            "spec": f"UUID={fs_uuid}" if fs_uuid else volume["fs_device"],
+            "vfstype": volume["filesystem"],
+            "options": sorted(volume["fstab_options"] or ["defaults"]),
+        }
+        problems, actual = [], None
+        if not isinstance(entries, list):
+            actual = f"/etc/fstab unreadable: {entries.get('error') if entries else 'not read'}"
+            problems.append(actual)
+        else:
+            entry = next((e for e in reversed(entries) if e["file"] == volume["mountpoint"]), None)
+            if entry is None:
+                actual = "no entry"
+                problems.append("no entry")
+            else:
+                actual = {
+                    "spec": entry["spec"],
+                    "vfstype": entry["vfstype"],
+                    "options": sorted(entry["options"]),
+                }
+                if entry["spec"] not in (expected["spec"], volume["fs_device"]) and not (
+                    not fs_uuid and entry["spec"].startswith("UUID=")
+                ):
+                    problems.append(f"device {entry['spec']} instead of {expected['spec']}")
+                if entry["vfstype"] != expected["vfstype"]:
+                    problems.append(f"type {entry['vfstype']} instead of {expected['vfstype']}")
+                if actual["options"] != expected["options"]:
+                    problems.append(
+                        f"options {','.join(actual['options'])} instead of {','.join(expected['options'])}"
+                    )
+        if mount:
+            live = set(mount["options"]) | set(mount["super_options"])
+            missing = [o for o in volume["kernel_mount_options"] if o not in live]
+            if missing:
+                problems.append(f"mounted without {','.join(missing)}")
+                actual = {"fstab": actual, "live_missing": missing}
+        if problems:
+            self.add(
+                "HANA-PERSIST-002",
+                volume["fs_device"],
+                expected,
+                actual,
+                f"{volume['mountpoint']}: " + "; ".join(problems),
+            )
+
+    def _key_rules(self):
+        key = self.volume["key"]
+        fact = self.facts.get("key_files", {}).get(key["file"])
+        if not fact or not fact.get("exists"):
+            return
+        if fact["mode"] & 0o077 or fact["uid"] != 0:
+            self.add(
+                "HANA-KEY-001",
+                key["file"],
+                "mode 0400 (or 0600), owner root",
+                f"mode {fact['mode']:04o}, owner uid {fact['uid']}",
+                f"key file {key['file']} is readable by others than root (mode {fact['mode']:04o}, "
+                f"uid {fact['uid']})",
+            )
+
+
+def _kdf_text(kdf):
+    """A keyslot KDF (or the min_pbkdf policy) in words."""
+    if kdf["type"] == "pbkdf2":
+        return f"pbkdf2 ({kdf.get('iterations', 0)} iterations)"
+    return f"{kdf['type']} ({kdf.get('memory', kdf.get('memory_kib', 0))} KiB, time {kdf.get('time', 0)})"
+
+
+def _difference(expected, actual):
+    if not isinstance(actual, dict):
+        return str(actual)
+    return "; ".join(
+        f"{k} {actual.get(k)!r} instead of {v!r}" for k, v in expected.items() if actual.get(k) != v
+    )

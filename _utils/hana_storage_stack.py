@@ -1,0 +1,142 @@
+"""The block device stack: disk -> (crypt | LV) -> ... -> mountpoint. Pure code.
+
+Input is a snapshot of sysfs (one dict per /sys/class/block entry), the parsed `dmsetup table`
+and the parsed mountinfo; no I/O here. "Is /hana/log encrypted, at which layer, with what" is a
+walk down from the mounted device through ``slaves``.
+"""
+
+import copy
+
+LVM_UUID_PREFIX = "LVM-"
+CRYPT_UUID_PREFIX = "CRYPT-"
+
+
+def build_devices(sysfs, tables, mounts):
+    """{name: device} with kind, paths, dm table, slaves/holders and mountpoints."""
+    by_dev = {info["dev"]: name for name, info in sysfs.items()}
+    devices = {}
+    for name, info in sysfs.items():
+        dm = info.get("dm")
+        table = copy.deepcopy(tables.get(dm["name"], [])) if dm else []
+        devices[name] = {
+            "name": name,
+            "dev": info["dev"],
+            "path": f"/dev/mapper/{dm['name']}" if dm else f"/dev/{name}",
+            "size_bytes": info.get("size", 0) * 512,
+            "kind": _kind(name, info, table),
+            "dm_name": dm["name"] if dm else None,
+            "dm_uuid": dm["uuid"] if dm else None,
+            "suspended": bool(dm and dm.get("suspended")),
+            "crypt_type": _crypt_type(dm),
+            "slaves": sorted(info.get("slaves", [])),
+            "holders": sorted(info.get("holders", [])),
+            "partition_of": info.get("partition_of"),
+            "table": table,
+            "mountpoints": [],
+        }
+    for mount in mounts:
+        name = by_dev.get(mount["dev"])
+        if name:
+            devices[name]["mountpoints"].append(mount["mountpoint"])
+    # A crypt table names its backing device as major:minor: resolve it to a device name.
+    for device in devices.values():
+        for segment in device["table"]:
+            for ref in [segment] + segment.get("devices", []):
+                if "device" in ref:
+                    ref["device_name"] = by_dev.get(ref["device"]) or _path_name(ref["device"])
+    return devices
+
+
+def _kind(name, info, table):
+    if info.get("dm"):
+        if any(segment["target"] == "crypt" for segment in table):
+            return "crypt"
+        if (info["dm"].get("uuid") or "").startswith(LVM_UUID_PREFIX):
+            return "lv"
+        return "dm"
+    if info.get("partition_of"):
+        return "partition"
+    if name.startswith("loop"):
+        return "loop"
+    return "disk"
+
+
+def _crypt_type(dm):
+    """LUKS1 / LUKS2 / PLAIN ... from a dm-crypt UUID (CRYPT-<TYPE>-...), None otherwise."""
+    uuid = (dm or {}).get("uuid") or ""
+    if uuid.startswith(CRYPT_UUID_PREFIX):
+        return uuid.split("-")[1] or None
+    return None
+
+
+def _path_name(device):
+    return device.rsplit("/", 1)[-1] if device.startswith("/dev/") else None
+
+
+def stack(devices, top):
+    """Names from ``top`` down to the disks, depth first, each once."""
+    order, todo = [], [top]
+    while todo:
+        name = todo.pop()
+        if name in order or name not in devices:
+            continue
+        order.append(name)
+        todo.extend(reversed(devices[name]["slaves"]))
+    return order
+
+
+def unencrypted_leaves(devices, top):
+    """Disks (leaves) that data of ``top`` reaches on a path with no crypt device on it."""
+    leaves, todo, seen = set(), [(top, False)], set()
+    while todo:
+        name, encrypted = todo.pop()
+        if (name, encrypted) in seen or name not in devices:
+            continue
+        seen.add((name, encrypted))
+        device = devices[name]
+        encrypted = encrypted or device["kind"] == "crypt"
+        if not device["slaves"]:
+            if not encrypted:
+                leaves.add(name)
+            continue
+        todo.extend((slave, encrypted) for slave in device["slaves"])
+    return sorted(leaves)
+
+
+def encryption_layer(devices, top):
+    """'above_lvm', 'below_lvm', 'no_lvm' (crypt, no LV), 'mixed', or None (no crypt at all)."""
+    names = stack(devices, top)
+    crypts = [n for n in names if devices[n]["kind"] == "crypt"]
+    if not crypts:
+        return None
+    lvs = [n for n in names if devices[n]["kind"] == "lv"]
+    if not lvs:
+        return "no_lvm"
+    layers = set()
+    for crypt in crypts:
+        below = stack(devices, crypt)
+        above_lv = any(devices[n]["kind"] == "lv" for n in below[1:])
+        layers.add("above_lvm" if above_lv else "below_lvm")
+    return layers.pop() if len(layers) == 1 else "mixed"
+
+
+def describe(devices, top):
+    """What an audit needs to know about one mounted device's stack."""
+    names = stack(devices, top)
+    return {
+        "top": top,
+        "devices": names,
+        "crypts": [n for n in names if devices[n]["kind"] == "crypt"],
+        "lvs": [n for n in names if devices[n]["kind"] == "lv"],
+        "disks": [n for n in names if not devices[n]["slaves"]],
+        "layer": encryption_layer(devices, top),
+        "unencrypted": unencrypted_leaves(devices, top),
+    }
+
+
+def backing_device(device):
+    """Name of the device a crypt mapping reads from (its first crypt segment's device)."""
+    for segment in device["table"]:
+        if segment["target"] == "crypt":
+            return segment.get("device_name")
+    return device["slaves"][0] if device["slaves"] else None

@@ -1,0 +1,325 @@
+"""Stack model and compliance rules on facts recorded in the lab VM (tests/unit/data/lab-mix).
+
+The recording: /hana/data = XFS on LUKS2 on a 2 x 256 KiB striped LV (above LVM), /hana/log =
+XFS on a 2 x 64 KiB striped LV over two LUKS2 disks with allow_discards (below LVM),
+/hana/shared = plain XFS on vdh, plus a LUKS1 (old1), a plain dm-crypt (plainx) and a
+cipher_null (nullc) mapping. `compliant()` is that host with crypttab/fstab written and the log
+volume's discards off; each rule test breaks one fact and expects exactly its rule.
+"""
+
+import base64
+import copy
+import json
+
+import hana_storage_dm as dm
+import hana_storage_luks as luks
+import hana_storage_lvm as lvm
+import hana_storage_pillar as hp
+import hana_storage_rules as rules
+import hana_storage_stack as stack
+import hana_storage_tab as tab
+import hana_storage_xfs as xfs
+import pytest
+import yaml
+
+from tests.conftest import REPO
+from tests.unit.conftest import DATA
+
+LAB = DATA / "lab-mix"
+DEFAULTS = yaml.safe_load((REPO / "salt/hana/storage/parameters/defaults.yaml").read_text())
+SCHEMA = json.loads((REPO / "salt/hana/storage/schema.json").read_text())
+KEY_FILE = "/etc/hana-storage/keys/hana.key"
+PILLAR = {
+    "key": {"source": "keyfile", "path": KEY_FILE},
+    "volumes": {
+        "data": {"mountpoint": "/hana/data", "devices": ["/dev/vda", "/dev/vdb"], "vg": "vg_a", "lv": "lv_a"},
+        "log": {
+            "mountpoint": "/hana/log",
+            "devices": ["/dev/vdc", "/dev/vdd"],
+            "encryption": "below_lvm",
+            "stripe_size": 64,
+            "vg": "vg_l",
+            "lv": "lv_l",
+            "mount_options": ["relatime"],
+        },
+    },
+    "compliance": {"min_pbkdf": {"type": "argon2i", "memory_kib": 32768, "time": 4}},
+}
+
+
+def plan_of(pillar):
+    config = hp.merge(DEFAULTS, pillar)
+    assert hp.validate(config, SCHEMA) == []
+    return hp.normalize(config)
+
+
+def recorded_sysfs():
+    snapshot = {}
+    for line in (LAB / "sysfs.txt").read_text().splitlines():
+        name, *pairs = line.split()
+        info = dict(pair.split("=", 1) for pair in pairs)
+        snapshot[name] = {
+            "dev": info["dev"],
+            "size": int(info["size"]),
+            "slaves": [s for s in info["slaves"].split(",") if s],
+            "holders": [s for s in info["holders"].split(",") if s],
+            "partition_of": None,
+            "dm": {"name": info["dmname"], "uuid": info["dmuuid"], "suspended": info["suspended"] == "1"}
+            if info["dmname"]
+            else None,
+        }
+    return snapshot
+
+
+def header(name):
+    return luks.parse_header(luks.reader_for((LAB / name).read_bytes()))
+
+
+def recorded_facts(sysfs=None):
+    mounts = tab.parse_mountinfo((LAB / "mountinfo.txt").read_text())
+    devices = stack.build_devices(
+        sysfs or recorded_sysfs(), dm.parse_tables((LAB / "dmsetup-table.txt").read_text()), mounts
+    )
+    return {
+        "devices": devices,
+        "stacks": {name: stack.describe(devices, name) for name in devices},
+        "mounts": mounts,
+        "headers": {
+            "dm-0": header("hdr-lv_a.bin"),
+            "vdc": header("hdr-vdc.bin"),
+            "vdd": header("hdr-vdc.bin"),
+            "vde": header("hdr-vde.bin"),
+        },
+        "superblocks": {
+            "dm-1": xfs.parse_superblock((LAB / "xfs-sb-data.bin").read_bytes()),
+            "dm-4": xfs.parse_superblock((LAB / "xfs-sb-log.bin").read_bytes()),
+        },
+        "lvm": lvm.parse_segments((LAB / "lvs-segments.json").read_text()),
+        "crypttab": [],
+        "fstab": [],
+        "key_files": {KEY_FILE: {"exists": True, "mode": 0o400, "uid": 0}},
+    }
+
+
+def compliant():
+    """The recorded host with persistence written and the log volume's discards off."""
+    facts = recorded_facts()
+    for name in ("dm-2", "dm-3"):
+        facts["devices"][name]["table"][0]["flags"].remove("allow_discards")
+    for name in ("vdc", "vdd"):
+        facts["headers"][name] = dict(
+            facts["headers"][name], flags=["no-read-workqueue", "no-write-workqueue"]
+        )
+    uuids = {
+        "hana_data": facts["headers"]["dm-0"]["uuid"],
+        "hana_log_0": facts["headers"]["vdc"]["uuid"],
+        "hana_log_1": facts["headers"]["vdd"]["uuid"],
+    }
+    facts["crypttab"] = tab.parse_crypttab(
+        "\n".join(
+            tab.render_crypttab(n, f"UUID={u}", KEY_FILE, ["luks", "no-read-workqueue", "no-write-workqueue"])
+            for n, u in uuids.items()
+        )
+    )
+    facts["fstab"] = tab.parse_fstab(
+        tab.render_fstab(
+            f"UUID={facts['superblocks']['dm-1']['uuid']}",
+            "/hana/data",
+            "xfs",
+            ["noatime", "nodiratime", "logbsize=256k"],
+        )
+        + "\n"
+        + tab.render_fstab(f"UUID={facts['superblocks']['dm-4']['uuid']}", "/hana/log", "xfs", ["relatime"])
+    )
+    return facts
+
+
+def found(facts, pillar=PILLAR):
+    return sorted(
+        (f["rule"], f["volume"], f["device"]) for f in rules.audit(plan_of(pillar), facts)["findings"]
+    )
+
+
+def test_stack_model_of_the_recording():
+    devices = recorded_facts()["devices"]
+    assert devices["dm-1"]["kind"] == "crypt" and devices["dm-0"]["kind"] == "lv"
+    assert devices["dm-6"]["crypt_type"] == "PLAIN" and devices["dm-5"]["crypt_type"] == "LUKS1"
+    assert devices["dm-1"]["mountpoints"] == ["/hana/data"]
+    assert stack.describe(devices, "dm-1") == {
+        "top": "dm-1",
+        "devices": ["dm-1", "dm-0", "vda", "vdb"],
+        "crypts": ["dm-1"],
+        "lvs": ["dm-0"],
+        "disks": ["vda", "vdb"],
+        "layer": "above_lvm",
+        "unencrypted": [],
+    }
+    log = stack.describe(devices, "dm-4")
+    assert log["layer"] == "below_lvm" and log["crypts"] == ["dm-2", "dm-3"]
+    assert stack.describe(devices, "vdh")["layer"] is None
+    assert stack.backing_device(devices["dm-2"]) == "vdc"
+
+
+def test_partly_unencrypted_stripe_is_found():
+    sysfs = recorded_sysfs()
+    sysfs["dm-4"]["slaves"] = ["dm-2", "vdd"]  # one leg of the log stripe bypasses dm-crypt
+    devices = stack.build_devices(sysfs, dm.parse_tables((LAB / "dmsetup-table.txt").read_text()), [])
+    assert stack.unencrypted_leaves(devices, "dm-4") == ["vdd"]
+
+
+def test_compliant_host_has_no_findings():
+    report = rules.audit(plan_of(PILLAR), compliant())
+    assert report["findings"] == [] and report["compliant"] is True
+    assert report["volumes"]["data"] == {
+        "mountpoint": "/hana/data",
+        "mounted": True,
+        "device": "/dev/mapper/hana_data",
+        "fstype": "xfs",
+        "layer": "above_lvm",
+        "crypt": ["hana_data"],
+        "compliant": True,
+        "rules": [],
+    }
+    assert report["volumes"]["log"]["crypt"] == ["hana_log_0", "hana_log_1"]
+
+
+def test_recorded_mix_against_the_lab_pillar():
+    pillar = copy.deepcopy(PILLAR)
+    pillar["volumes"]["shared"] = {"mountpoint": "/hana/shared", "devices": ["/dev/vdh"]}
+    assert found(recorded_facts(), pillar) == [
+        ("HANA-ENC-001", "shared", "/dev/vdh"),
+        ("HANA-LAYOUT-001", "shared", "/dev/vdh"),
+        ("HANA-PERF-004", "log", "/dev/mapper/hana_log_0"),
+        ("HANA-PERF-004", "log", "/dev/mapper/hana_log_1"),
+        ("HANA-PERSIST-001", "data", "/dev/mapper/hana_data"),
+        ("HANA-PERSIST-001", "log", "/dev/mapper/hana_log_0"),
+        ("HANA-PERSIST-001", "log", "/dev/mapper/hana_log_1"),
+        ("HANA-PERSIST-001", "shared", "/dev/mapper/hana_shared"),
+        ("HANA-PERSIST-002", "data", "/dev/mapper/hana_data"),
+        ("HANA-PERSIST-002", "log", "/dev/vg_l/lv_l"),
+        ("HANA-PERSIST-002", "shared", "/dev/mapper/hana_shared"),
+    ]
+
+
+def crypt_segment(facts, name="dm-1"):
+    return facts["devices"][name]["table"][0]
+
+
+def as_luks1(facts):
+    facts["headers"]["dm-0"] = dict(header("hdr-vde.bin"), uuid=facts["headers"]["dm-0"]["uuid"])
+
+
+BREAKS = {
+    "HANA-ENC-002": as_luks1,
+    "HANA-ENC-003": lambda f: crypt_segment(f).update(cipher="aes-cbc-essiv:sha256"),
+    "HANA-ENC-004": lambda f: crypt_segment(f).update(key_bits=256),
+    "HANA-ENC-005": lambda f: f["headers"].update({"dm-0": {"error": "no LUKS header"}}),
+    "HANA-ENC-006": lambda f: f["headers"]["dm-0"]["keyslots"][0].update(
+        kdf={"type": "pbkdf2", "hash": "sha256", "iterations": 1000}
+    ),
+    "HANA-ENC-007": lambda f: f["headers"]["dm-0"].update(
+        degraded=True, copies={"primary": "header at 0: sha256 checksum mismatch", "secondary": "ok"}
+    ),
+    "HANA-PERF-001": lambda f: crypt_segment(f).update(sector_size=512),
+    "HANA-PERF-002": lambda f: crypt_segment(f).update(flags=["no_read_workqueue"]),
+    "HANA-PERF-003": lambda f: f["headers"]["dm-0"].update(flags=[]),
+    "HANA-PERF-004": lambda f: crypt_segment(f).update(
+        flags=["allow_discards", "no_read_workqueue", "no_write_workqueue"]
+    ),
+    "HANA-LAYOUT-001": lambda f: f["lvm"][0].update(stripe_size=65536),
+    "HANA-LAYOUT-003": lambda f: f["superblocks"]["dm-1"].update(sunit_bytes=0, swidth_bytes=0),
+    "HANA-LAYOUT-004": lambda f: f["devices"]["dm-0"].update(suspended=True),
+    "HANA-PERSIST-001": lambda f: f["crypttab"][0].update(options=["luks"]),
+    "HANA-PERSIST-002": lambda f: f["fstab"][0].update(options=["noatime"]),
+    "HANA-KEY-001": lambda f: f["key_files"][KEY_FILE].update(mode=0o644),
+}
+DEVICE = {"HANA-KEY-001": KEY_FILE, "HANA-LAYOUT-001": "/dev/mapper/vg_a-lv_a"}
+# what else is true of the broken fact: LUKS1 keyslots are always PBKDF2; the key file is shared
+ALSO = {
+    "HANA-ENC-002": [("HANA-ENC-006", "data", "/dev/mapper/hana_data")],
+    "HANA-KEY-001": [("HANA-KEY-001", "log", KEY_FILE)],
+}
+
+
+@pytest.mark.parametrize("rule", sorted(BREAKS))
+def test_each_rule_fires_alone_on_its_broken_fact(rule):
+    facts = compliant()
+    BREAKS[rule](facts)
+    device = DEVICE.get(rule, "/dev/mapper/hana_data")
+    assert found(facts) == sorted([(rule, "data", device), *ALSO.get(rule, [])])
+
+
+def test_plain_mapping_is_enc_005():
+    facts = compliant()
+    facts["devices"]["dm-1"]["crypt_type"] = "PLAIN"
+    assert found(facts) == [("HANA-ENC-005", "data", "/dev/mapper/hana_data")]
+
+
+def test_layout_002_when_pillar_says_the_other_layer():
+    pillar = copy.deepcopy(PILLAR)
+    pillar["volumes"]["data"]["encryption"] = "below_lvm"
+    facts = compliant()
+    # the pillar's below-LVM names: hana_data_0, hana_data_1 in crypttab; not this test's point
+    facts["crypttab"] += tab.parse_crypttab(
+        "hana_data_0 /dev/vda /etc/hana-storage/keys/hana.key luks,no-read-workqueue,no-write-workqueue\n"
+        "hana_data_1 /dev/vdb /etc/hana-storage/keys/hana.key luks,no-read-workqueue,no-write-workqueue\n"
+    )
+    facts["fstab"][0]["spec"] = "/dev/vg_a/lv_a"
+    facts["superblocks"] = {}
+    assert ("HANA-LAYOUT-002", "data", "/dev/mapper/hana_data") in found(facts, pillar)
+
+
+def test_unmounted_volume_is_mount_001_and_still_audited():
+    facts = compliant()
+    facts["mounts"] = [m for m in facts["mounts"] if m["mountpoint"] != "/hana/data"]
+    crypt_segment(facts).update(flags=[])
+    assert found(facts) == [
+        ("HANA-MOUNT-001", "data", "/dev/mapper/hana_data"),
+        ("HANA-PERF-002", "data", "/dev/mapper/hana_data"),
+    ]
+
+
+def test_live_mount_option_missing_is_persist_002():
+    facts = compliant()
+    mount = next(m for m in facts["mounts"] if m["mountpoint"] == "/hana/data")
+    mount["super_options"].remove("logbsize=256k")
+    (finding,) = rules.audit(plan_of(PILLAR), facts)["findings"]
+    assert finding["rule"] == "HANA-PERSIST-002" and finding["actual"]["live_missing"] == ["logbsize=256k"]
+
+
+def test_ignore_rules_and_finding_shape():
+    facts = compliant()
+    BREAKS["HANA-PERF-002"](facts)
+    pillar = copy.deepcopy(PILLAR)
+    report = rules.audit(plan_of(pillar), facts)
+    (finding,) = report["findings"]
+    assert set(finding) == {
+        "rule",
+        "severity",
+        "volume",
+        "mountpoint",
+        "device",
+        "expected",
+        "actual",
+        "remediation",
+        "message",
+    }
+    assert finding["remediation"] == "auto" and finding["expected"] == [
+        "no_read_workqueue",
+        "no_write_workqueue",
+    ]
+    assert rules.finding_key(finding) == "HANA-PERF-002|data|/dev/mapper/hana_data"
+    pillar["compliance"]["ignore_rules"] = ["HANA-PERF-002"]
+    assert rules.audit(plan_of(pillar), facts)["compliant"] is True
+
+
+def test_pillar_key_file_expected_in_crypttab():
+    pillar = copy.deepcopy(PILLAR)
+    pillar["key"] = {"source": "pillar", "material": base64.b64encode(b"k" * 64).decode()}
+    rules_found = {r for r, *_ in found(compliant(), pillar)}
+    assert rules_found == {"HANA-PERSIST-001", "HANA-PERSIST-002"}  # keyfile path and noauto differ
+
+
+def test_every_rule_has_a_test():
+    tested = set(BREAKS) | {"HANA-ENC-001", "HANA-ENC-005", "HANA-LAYOUT-002", "HANA-MOUNT-001"}
+    assert tested == set(rules.RULES)

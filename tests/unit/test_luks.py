@@ -1,0 +1,262 @@
+"""The native LUKS1/LUKS2 header parser against headers cryptsetup really wrote."""
+
+import json
+import struct
+
+import hana_storage_luks as luks
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.unit.conftest import DATA, cryptsetup, dump_json, rechecksum, rewrite_luks2_json
+
+
+def parse(data):
+    return luks.parse_header(luks.reader_for(data))
+
+
+def parse_file(path):
+    return parse(path.read_bytes())
+
+
+def check_against_cryptsetup(summary, reference):
+    """Every field the parser reports, compared with `cryptsetup luksDump --dump-json-metadata`."""
+    segment = reference["segments"]["0"]
+    assert summary["cipher"] == segment["encryption"]
+    assert summary["sector_size"] == segment["sector_size"]
+    assert summary["data_offset"] == int(segment["offset"])
+    assert summary["flags"] == sorted(reference["config"].get("flags", []))
+    assert [s["id"] for s in summary["keyslots"]] == sorted(int(k) for k in reference["keyslots"])
+    for slot in summary["keyslots"]:
+        ref = reference["keyslots"][str(slot["id"])]
+        assert slot["key_size"] == ref["key_size"] * 8
+        assert slot["kdf"]["type"] == ref["kdf"]["type"]
+        for key in ("iterations", "hash", "time", "memory", "cpus"):
+            if key in ref["kdf"]:
+                assert slot["kdf"][key] == ref["kdf"][key], key
+    assert summary["key_size"] == max(ref["key_size"] for ref in reference["keyslots"].values()) * 8
+    assert [t["id"] for t in summary["tokens"]] == sorted(int(k) for k in reference["tokens"])
+
+
+LUKS2_VARIANTS = [
+    {"cipher": "aes-xts-plain64", "key_size": 512, "sector_size": 4096, "kdf": "argon2id"},
+    {"cipher": "aes-xts-plain64", "key_size": 256, "sector_size": 512, "kdf": "argon2i"},
+    {"cipher": "aes-xts-plain64", "key_size": 512, "sector_size": 2048, "kdf": "pbkdf2"},
+    {"cipher": "aes-cbc-essiv:sha256", "key_size": 256, "sector_size": 1024, "kdf": "pbkdf2"},
+    {
+        "cipher": "aes-xts-plain64",
+        "key_size": 512,
+        "kdf": "argon2id",
+        "extra": ["--label", "hana_data", "--subsystem", "hana"],
+    },
+    {
+        "cipher": "aes-xts-plain64",
+        "key_size": 512,
+        "kdf": "argon2id",
+        "extra": ["--luks2-metadata-size", "64k", "--luks2-keyslots-size", "4m"],
+    },
+]
+
+
+@pytest.mark.parametrize("variant", LUKS2_VARIANTS, ids=lambda v: "-".join(str(x) for x in v.values())[:60])
+def test_luks2_matches_cryptsetup(make_luks, variant):
+    image = make_luks(**variant)
+    summary = parse_file(image)
+    assert summary["version"] == 2
+    assert summary["degraded"] is False and summary["copies"] == {"primary": "ok", "secondary": "ok"}
+    check_against_cryptsetup(summary, dump_json(image))
+    uuid = cryptsetup("luksUUID", str(image)).stdout.strip()
+    assert summary["uuid"] == uuid
+    extra = variant.get("extra", [])
+    if "--label" in extra:
+        assert summary["label"] == "hana_data" and summary["subsystem"] == "hana"
+    if "--luks2-metadata-size" in extra:
+        assert summary["hdr_size"] == 64 * 1024
+
+
+@pytest.mark.parametrize("cipher,key_size", [("aes-xts-plain64", 512), ("aes-cbc-essiv:sha256", 256)])
+def test_luks1_is_recognised(make_luks, cipher, key_size):
+    image = make_luks(type="luks1", cipher=cipher, key_size=key_size, kdf="pbkdf2")
+    summary = parse_file(image)
+    assert summary["version"] == 1
+    assert summary["cipher"] == cipher and summary["key_size"] == key_size
+    assert summary["sector_size"] == 512
+    assert summary["uuid"] == cryptsetup("luksUUID", str(image)).stdout.strip()
+    assert summary["keyslots"] == [
+        {
+            "id": 0,
+            "type": "luks1",
+            "key_size": key_size,
+            "kdf": {"type": "pbkdf2", "hash": "sha256", "iterations": 1000},
+        }
+    ]
+
+
+def test_added_keyslot_and_token(make_luks, keyfile, tmp_path):
+    image = make_luks()
+    second = tmp_path / "second.key"
+    second.write_bytes(b"x" * 64)
+    cryptsetup(
+        "luksAddKey",
+        "--key-file",
+        str(keyfile),
+        "--pbkdf",
+        "pbkdf2",
+        "--pbkdf-force-iterations",
+        "1000",
+        str(image),
+        str(second),
+    )
+    token = tmp_path / "token.json"
+    token.write_text(json.dumps({"type": "hana-vault", "keyslots": ["1"], "path": "secret/hana"}))
+    cryptsetup("token", "import", "--json-file", str(token), str(image))
+    summary = parse_file(image)
+    check_against_cryptsetup(summary, dump_json(image))
+    assert [s["kdf"]["type"] for s in summary["keyslots"]] == ["argon2id", "pbkdf2"]
+    assert summary["tokens"] == [{"id": 0, "type": "hana-vault", "keyslots": ["1"]}]
+
+
+def test_recorded_lab_headers_with_persistent_flags():
+    """Headers recorded in the lab VM after `cryptsetup open --perf-... --persistent`."""
+    data = parse((DATA / "lab-mix" / "hdr-lv_a.bin").read_bytes())
+    check_against_cryptsetup(data, json.loads((DATA / "lab-mix" / "luksjson-lv_a.json").read_text()))
+    assert data["flags"] == ["no-read-workqueue", "no-write-workqueue"] and data["label"] == "hana_data"
+    log = parse((DATA / "lab-mix" / "hdr-vdc.bin").read_bytes())
+    check_against_cryptsetup(log, json.loads((DATA / "lab-mix" / "luksjson-vdc.json").read_text()))
+    assert log["flags"] == ["allow-discards", "no-read-workqueue", "no-write-workqueue"]
+    assert parse((DATA / "lab-mix" / "hdr-vde.bin").read_bytes())["version"] == 1
+
+
+def test_flags_written_by_json_edit_are_accepted_by_cryptsetup(make_luks):
+    image = rewrite_luks2_json(make_luks(), lambda meta: meta["config"].update(flags=["no-read-workqueue"]))
+    reference = dump_json(image)  # cryptsetup verifies our checksum here
+    assert reference["config"]["flags"] == ["no-read-workqueue"]
+    check_against_cryptsetup(parse_file(image), reference)
+
+
+def corrupt(data, offset):
+    data = bytearray(data)
+    data[offset] ^= 0xFF
+    return bytes(data)
+
+
+@pytest.fixture
+def good(make_luks):
+    return make_luks().read_bytes()
+
+
+def test_corrupt_primary_reads_secondary_as_degraded(good):
+    summary = parse(corrupt(good, 300))  # inside the primary's padding: checksum fails
+    assert summary["degraded"] is True
+    assert summary["copies"] == {"primary": "header at 0: sha256 checksum mismatch", "secondary": "ok"}
+    assert summary["cipher"] == "aes-xts-plain64"
+
+
+def test_wiped_primary_magic_still_finds_secondary(good):
+    summary = parse(bytes(6) + good[6:])
+    assert summary["degraded"] and summary["copies"]["primary"] == "no LUKS2 primary magic at offset 0"
+
+
+def test_secondary_found_at_larger_header_size(make_luks):
+    image = make_luks(extra=["--luks2-metadata-size", "128k", "--luks2-keyslots-size", "4m"]).read_bytes()
+    summary = parse(bytes(4096) + image[4096:])
+    assert summary["degraded"] and summary["hdr_size"] == 128 * 1024
+
+
+def test_corrupt_secondary_is_degraded(good):
+    summary = parse(corrupt(good, 16384 + 4096 + 10))  # the secondary's JSON
+    assert summary["degraded"] and summary["copies"]["primary"] == "ok"
+    assert "checksum mismatch" in summary["copies"]["secondary"]
+
+
+def test_both_copies_corrupt(good):
+    with pytest.raises(luks.LuksError, match="no readable LUKS2 header copy"):
+        parse(corrupt(corrupt(good, 300), 16384 + 300))
+
+
+def test_seqid_mismatch_uses_newer_copy(good):
+    data = bytearray(good)
+    newer = struct.unpack_from(">Q", data, 16)[0] + 1
+    struct.pack_into(">Q", data, 16384 + 16, newer)
+    summary = parse(bytes(rechecksum(data, 16384)))
+    assert summary["degraded"] and summary["seqid"] == newer
+    assert summary["copies"]["secondary"] == f"seqid {newer} differs from the primary's {newer - 1}"
+
+
+@pytest.mark.parametrize(
+    "data,message",
+    [
+        (b"", "no LUKS header"),
+        (bytes(1 << 16), "no LUKS header"),
+        (b"LUKS\xba\xbe\x00\x01" + bytes(100), "LUKS1 header truncated"),
+        (b"LUKS\xba\xbe\x00\x07" + bytes(8000), "version 7, expected 2"),
+        (b"hsqs" + bytes(8000), "no LUKS header"),
+    ],
+)
+def test_not_luks(data, message):
+    with pytest.raises(luks.LuksError, match=message):
+        parse(data)
+
+
+def test_is_luks(good):
+    assert luks.is_luks(good[:4096]) and not luks.is_luks(bytes(4096))
+
+
+# ---- property-based: nothing but LuksError, whatever the bytes ------------------------------
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=70000))
+def test_random_bytes_only_raise_luks_error(data):
+    try:
+        parse(data)
+    except luks.LuksError:
+        pass
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.integers(0, 32767), st.integers(0, 255)), min_size=1, max_size=8))
+def test_mutated_real_headers_only_raise_luks_error(good, edits):
+    data = bytearray(good[:32768])
+    for offset, value in edits:
+        data[offset] = value
+    try:
+        summary = parse(bytes(data))
+    except luks.LuksError:
+        return
+    assert summary["version"] in (1, 2)
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "keyslots": JSON_VALUES,
+            "segments": JSON_VALUES,
+            "digests": JSON_VALUES,
+            "config": JSON_VALUES,
+            "tokens": JSON_VALUES,
+        },
+    )
+)
+def test_checksummed_random_metadata_only_raises_luks_error(good, meta):
+    """Valid magic and checksums around arbitrary JSON: reaches the metadata code paths."""
+    data = bytearray(good[:32768])
+    text = json.dumps(meta).encode()
+    for offset in (0, 16384):
+        data[offset + 4096 : offset + 16384] = text + bytes(12288 - len(text))
+        rechecksum(data, offset)
+    try:
+        parse(bytes(data))
+    except luks.LuksError:
+        pass
