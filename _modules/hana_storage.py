@@ -1,9 +1,10 @@
 """Inspect, audit and validate encrypted SAP HANA storage.
 
 Interfaces (stable): ``settings``, ``validate_pillar``, ``inspect``, ``luks_header``,
-``dm_tables``, ``audit``. Pure logic lives in ``_utils/hana_storage_*`` and is reached through
-``__utils__``; this module only gathers facts from the host: sysfs, one `dmsetup table`, one
-`lvs`, and LUKS headers and XFS superblocks read straight from the devices. Nothing here writes.
+``dm_tables``, ``audit``, ``probe``. Pure logic lives in ``_utils/hana_storage_*`` and is
+reached through ``__utils__``; this module only gathers facts from the host: sysfs, one
+`dmsetup table`, one `lvs`, and LUKS headers and XFS superblocks read straight from the
+devices. Nothing here writes to a device.
 """
 
 import json
@@ -28,6 +29,8 @@ SYSFS_BLOCK = "/sys/class/block"
 # Devices whose first bytes are never read: optical drives, floppies, RAM disks.
 UNREAD_DEVICE_PREFIXES = ("sr", "fd", "ram", "zram")
 HEADER_PROBE = 4096
+HEAD_BYTES = 1 << 20  # how much of a disk must be zero for it to count as blank
+BLKID_NOTHING, BLKID_AMBIVALENT = 2, 8
 
 
 def __virtual__():
@@ -389,6 +392,29 @@ def luks_header(device):
         os.close(fd)
 
 
+def xfs_superblock(device):
+    """
+    The XFS superblock of a device: UUID, label, block size, stripe unit and width (bytes), and
+    whether mkfs.xfs finished.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' hana_storage.xfs_superblock /dev/mapper/hana_data
+    """
+    path = os.path.realpath(device)
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(512)
+    except OSError as error:
+        raise CommandExecutionError(f"cannot read {device}: {error.strerror}") from None
+    try:
+        return _util("xfs.parse_superblock")(raw)
+    except ValueError as error:
+        raise CommandExecutionError(f"{device}: {error}") from None
+
+
 def inspect():
     """
     Every block device's stack: kind, dm table (keys redacted), LUKS header summary,
@@ -431,7 +457,7 @@ def inspect():
     return {"devices": devices, "mounts": stacks, "lvm": lvm}
 
 
-def audit(pillar=None):
+def audit(pillar=None, volumes=None):
     """
     Compliance of this host against its ``hana:storage`` pillar.
 
@@ -441,12 +467,139 @@ def audit(pillar=None):
 
     pillar
         A ``hana:storage`` mapping to audit against instead of this minion's pillar.
+    volumes
+        Audit only these volumes (names; a list or comma-separated).
 
     CLI Example:
 
     .. code-block:: bash
 
         salt '*' hana_storage.audit
+        salt '*' hana_storage.audit volumes=log
     """
     plan = _plan(pillar)
-    return _util("rules.audit")(plan, _facts(plan))
+    if volumes:
+        wanted = set(volumes.split(",") if isinstance(volumes, str) else volumes)
+        plan = dict(plan, volumes={n: v for n, v in plan["volumes"].items() if n in wanted})
+    report = _util("rules.audit")(plan, _facts(plan))
+    for name, volume in plan["volumes"].items():  # kernel names, for the beacon to map uevents
+        report["volumes"][name]["disks"] = sorted(
+            os.path.basename(os.path.realpath(d)) for d in volume["devices"]
+        )
+    return report
+
+
+def _pv_groups():
+    """{realpath of a PV: its VG ('' for an orphan PV)} from one `pvs`."""
+    if not salt.utils.path.which("pvs"):
+        return {}
+    text, error = _run(_util("lvm.pvs_command")())
+    if error:
+        log.warning("hana_storage: pvs failed: %s", error)
+        return {}
+    try:
+        return {os.path.realpath(pv["pv"]): pv["vg"] for pv in _util("lvm.parse_pvs")(text)}
+    except ValueError as err:
+        log.warning("hana_storage: pvs output unreadable: %s", err)
+        return {}
+
+
+def _blkid(path):
+    """(signatures, partition table type) from low-level probing (`blkid -p`)."""
+    result = __salt__["cmd.run_all"](
+        ["blkid", "-p", "-o", "export", path],
+        python_shell=False,
+        output_loglevel="quiet",
+        ignore_retcode=True,
+    )
+    if result["retcode"] == BLKID_NOTHING:
+        return [], None
+    if result["retcode"] == BLKID_AMBIVALENT:
+        return [{"type": "ambivalent (several signatures)", "usage": "unknown"}], None
+    if result["retcode"]:
+        raise CommandExecutionError(f"blkid -p {path} failed: {result['stderr'].strip()[:200]}")
+    values = _util("tab.parse_blkid_export")(result["stdout"])
+    signatures = [{"type": values["TYPE"], "usage": values.get("USAGE", "")}] if "TYPE" in values else []
+    return signatures, values.get("PTTYPE")
+
+
+def _key_opens(device, key_file):
+    """True when ``key_file`` unlocks the LUKS ``device`` (cryptsetup --test-passphrase; no mapping)."""
+    result = __salt__["cmd.run_all"](
+        ["cryptsetup", "open", "--test-passphrase", "--key-file", key_file, device],
+        python_shell=False,
+        output_loglevel="quiet",
+        ignore_retcode=True,
+    )
+    return result["retcode"] == 0
+
+
+def probe(devices, key_file=None):
+    """
+    What is on each device, as the data-loss guard sees it: signatures (``blkid -p``), partition
+    table, PV and its VG, LUKS header and whether ``key_file`` opens it, holders, mountpoints,
+    whether the first MiB holds data, and an XFS superblock's state. Read-only. The key is only
+    tried (argon2 costs seconds) on a LUKS device that is not open.
+
+    devices
+        A device path, a comma-separated list or a list.
+    key_file
+        A key file to test LUKS devices with (``cryptsetup open --test-passphrase``).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' hana_storage.probe /dev/vdb,/dev/vdc
+    """
+    if isinstance(devices, str):
+        devices = [d for d in devices.split(",") if d]
+    groups = None  # one `pvs` for all devices, and only if one of them is a PV
+    mounts = _mounts()
+    probes = {}
+    for device in devices:
+        path = os.path.realpath(device)
+        result = {
+            "device": device,
+            "exists": os.path.exists(path),
+            "block": False,
+            "signatures": [],
+            "pttype": None,
+            "pv_vg": None,
+            "luks": None,
+            "key_opens": None,
+            "holders": [],
+            "mountpoints": [],
+            "nonzero_head": False,
+            "xfs": None,
+        }
+        probes[device] = result
+        if not result["exists"]:
+            continue
+        info = os.stat(path)
+        result["block"] = stat.S_ISBLK(info.st_mode)
+        if not result["block"]:
+            continue
+        name = os.path.basename(path)
+        dev = f"{os.major(info.st_rdev)}:{os.minor(info.st_rdev)}"
+        result["mountpoints"] = [m["mountpoint"] for m in mounts if m["dev"] == dev]
+        result["holders"] = [
+            _read(f"{SYSFS_BLOCK}/{h}/dm/name").strip() or h
+            for h in _listdir(f"{SYSFS_BLOCK}/{name}/holders")
+        ]
+        result["signatures"], result["pttype"] = _blkid(path)
+        if "LVM2_member" in [s["type"] for s in result["signatures"]]:
+            groups = _pv_groups() if groups is None else groups
+            result["pv_vg"] = groups.get(path)
+        head = _read_device(name, 0, HEAD_BYTES)
+        result["nonzero_head"] = head != bytes(len(head))
+        types = [s["type"] for s in result["signatures"]]
+        if "crypto_LUKS" in types:
+            header = _header_of(name)
+            result["luks"] = {k: header.get(k) for k in ("version", "uuid", "error") if k in header}
+            # an open LUKS device is judged by who holds it; only a closed one needs the key tried
+            if key_file and not result["holders"]:
+                result["key_opens"] = _key_opens(path, key_file)
+        if "xfs" in types:
+            result["xfs"] = _superblock_of(name)
+    return probes

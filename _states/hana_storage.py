@@ -1,16 +1,70 @@
-"""States Salt core lacks for encrypted HANA storage.
+"""States Salt core lacks for encrypted HANA storage: the pillar gate, keys, the data-loss guard,
+LUKS format and open (with dm-crypt flags, active and persistent), guarded mkfs, crypttab and
+fstab by UUID, and mounting that never displaces a foreign mount. LVM uses Salt's own
+``lvm.pv_present``/``vg_present``/``lv_present``.
 
-``pillar_valid`` gates everything: an invalid pillar fails here, in test mode too, and no other
-state of the formula is rendered, so no device is touched.
+Key material never leaves the key state: every other state names the key by its file, and no
+return, change, comment or command line carries it. Every state is idempotent and, with
+``test=True``, says what it would do without touching anything.
 """
 
+import base64
+import binascii
+import hmac
+import os
+import stat
+
+import salt.utils.data
+
 __virtualname__ = "hana_storage"
+
+TMPFS_TYPES = ("tmpfs", "ramfs")
 
 
 def __virtual__():
     if "hana_storage.settings" in __salt__:
         return __virtualname__
     return False, "hana_storage state: the hana_storage execution module is not loaded (saltutil.sync_all)"
+
+
+def _ret(name):
+    return {"name": name, "changes": {}, "result": True, "comment": ""}
+
+
+def _done(ret, comment, result=True, **changes):
+    ret.update(result=result, comment=comment)
+    ret["changes"].update(changes)
+    return ret
+
+
+def _would(ret, comment):
+    return _done(ret, comment, result=None)
+
+
+def _util(name):
+    return __utils__[f"hana_storage_{name}"]
+
+
+def _run(argv):
+    """Run a command; (ok, stderr). Command lines here never hold key material."""
+    result = __salt__["cmd.run_all"](argv, python_shell=False, output_loglevel="quiet", ignore_retcode=True)
+    return result["retcode"] == 0, (result["stderr"] or result["stdout"]).strip()[-600:]
+
+
+def _probe(device, key_file=None):
+    return __salt__["hana_storage.probe"]([device], key_file=key_file)[device]
+
+
+def _wipe(ret, device, reason):
+    ok, err = _run(_util("commands.wipe")(device))
+    if not ok:
+        _done(ret, f"wipefs {device} failed: {err}", result=False)
+        return False
+    ret["changes"].setdefault("wiped", {})[device] = reason
+    return True
+
+
+# ---- the pillar gate -------------------------------------------------------------------------
 
 
 def pillar_valid(name):
@@ -22,10 +76,421 @@ def pillar_valid(name):
         hana-storage-pillar-valid:
           hana_storage.pillar_valid: []
     """
-    ret = {"name": name, "changes": {}, "result": True, "comment": ""}
+    ret = _ret(name)
     errors = __salt__["hana_storage.validate_pillar"]()
-    ret["comment"] = __utils__["hana_storage_pillar.validation_summary"](errors)
+    ret["comment"] = _util("pillar.validation_summary")(errors)
     if errors:
         ret["result"] = False
         ret["comment"] += "\nnothing was touched"
     return ret
+
+
+# ---- keys ------------------------------------------------------------------------------------
+
+
+def key_present(name, source, pillar=None):
+    """
+    The key file ``name`` is in place, root-only.
+
+    source
+        ``keyfile``: the file must already be there (put by the key store); its mode and owner
+        are corrected to 0400 root. ``pillar``: the base64 material at the pillar path
+        ``pillar`` is written to ``name`` on tmpfs, mode 0400; never to persistent disk.
+    """
+    ret = _ret(name)
+    if source == "keyfile":
+        return _keyfile_mode(ret, name)
+    material = salt.utils.data.traverse_dict_and_list(__pillar__, pillar, None)
+    try:
+        key = base64.b64decode(material or "", validate=True)
+    except (binascii.Error, ValueError, TypeError):
+        key = b""
+    if not key:
+        return _done(ret, f"no usable key material at pillar {pillar} (the value is not shown)", result=False)
+    directory = os.path.dirname(name)
+    fstype = _fstype_of(directory)
+    if fstype not in TMPFS_TYPES:
+        return _done(
+            ret, f"{directory} is on {fstype}, not tmpfs: a pillar key is never written to disk", result=False
+        )
+    if os.path.islink(name) or os.path.islink(directory):
+        return _done(
+            ret, f"{name} or its directory is a symlink: refusing to write a key through it", result=False
+        )
+    if os.path.isfile(name) and _key_file_matches(name, key):
+        return _done(ret, f"key file {name} is in place (tmpfs, 0400 root)")
+    if __opts__["test"]:
+        return _would(ret, f"would write the key from pillar {pillar} to {name} (tmpfs, 0400 root)")
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    os.chmod(directory, 0o700)
+    temporary = f"{name}.new"
+    if os.path.lexists(temporary):
+        os.unlink(temporary)
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o400)
+    try:
+        os.write(fd, key)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(temporary, name)
+    return _done(
+        ret,
+        f"wrote the key from pillar {pillar} to {name}",
+        key_file=f"written ({len(key)} bytes, mode 0400, {fstype})",
+    )
+
+
+def _key_file_matches(path, key):
+    info = os.stat(path)
+    with open(path, "rb") as handle:
+        same = hmac.compare_digest(handle.read(), key)
+    return same and stat.S_IMODE(info.st_mode) == 0o400 and info.st_uid == 0
+
+
+def _keyfile_mode(ret, name):
+    if not os.path.isfile(name):
+        return _done(
+            ret,
+            f"key file {name} does not exist: the key store must put it there "
+            "(hana:storage:key:source is keyfile)",
+            result=False,
+        )
+    info = os.stat(name)
+    mode = stat.S_IMODE(info.st_mode)
+    if not mode & 0o077 and info.st_uid == 0:
+        return _done(ret, f"key file {name} is root-only ({mode:04o})")
+    if __opts__["test"]:
+        return _would(
+            ret, f"would make key file {name} mode 0400, owner root (now {mode:04o}, uid {info.st_uid})"
+        )
+    os.chown(name, 0, 0)
+    os.chmod(name, 0o400)
+    return _done(
+        ret,
+        f"key file {name} made root-only",
+        mode={"old": f"{mode:04o}", "new": "0400"},
+        owner={"old": info.st_uid, "new": 0},
+    )
+
+
+def _fstype_of(path):
+    """Filesystem type of the mount that holds ``path`` (the longest mountpoint prefix)."""
+    best, fstype = "", "unknown"
+    real = os.path.realpath(path)
+    with open("/proc/self/mountinfo", encoding="utf-8") as handle:
+        mounts = _util("tab.parse_mountinfo")(handle.read())
+    for mount in mounts:
+        point = mount["mountpoint"]
+        if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
+            best, fstype = point, mount["fstype"]
+    return fstype
+
+
+# ---- the data-loss guard ---------------------------------------------------------------------
+
+
+def devices_safe(name, volume):
+    """
+    Every device of a volume is blank or already part of it, or the pillar allows formatting it
+    (then it is wiped here). Anything else stops the volume: nothing on any of its devices is
+    touched, and the comment names each device and the signature found.
+
+    name
+        The volume's name.
+    volume
+        The volume's plan (``hana_storage.settings``).
+    """
+    ret = _ret(name)
+    below = volume["encryption"] == "below_lvm"
+    key_file = volume["key"]["file"]
+    key_ready = os.path.isfile(key_file)
+    probes = __salt__["hana_storage.probe"](
+        volume["devices"], key_file=key_file if below and key_ready else None
+    )
+    verdicts = [_util("safety.disk_verdict")(volume, probes[device]) for device in volume["devices"]]
+    refused = [v for v in verdicts if v["verdict"] == "refuse"]
+    if refused and __opts__["test"] and below and not key_ready:
+        unknown = [v for v in refused if v["reason"].startswith("is LUKS that")]
+        if len(unknown) == len(refused):
+            return _would(
+                ret,
+                f"volume {name}: {', '.join(v['device'] for v in unknown)} hold LUKS; whether the "
+                f"key opens them is checked once the key file {key_file} is written",
+            )
+    if refused:
+        return _done(
+            ret,
+            f"refusing to touch volume {name}: {_util('safety.refusal_summary')(verdicts)}. Nothing was "
+            f"changed on any of its devices. To format a device that holds data, list it in "
+            f"hana:storage:volumes:{name}:allow_format.",
+            result=False,
+        )
+    wipes = [v for v in verdicts if v["verdict"] == "wipe"]
+    summary = ", ".join(f"{v['device']} {v['reason']}" for v in verdicts)
+    if wipes and __opts__["test"]:
+        return _would(ret, f"would wipe {', '.join(v['device'] for v in wipes)} ({summary})")
+    for verdict in wipes:
+        if not _wipe(ret, verdict["device"], verdict["reason"]):
+            return ret
+    return _done(ret, f"volume {name}: {summary}")
+
+
+# ---- LUKS ------------------------------------------------------------------------------------
+
+
+def luks_formatted(name, key_file, luks, label, stripe_kib=0, stripes=1, may_wipe=False):
+    """
+    ``name`` is LUKS2 as the policy says, opened by ``key_file``; a blank device is formatted,
+    one with any other content is refused (or wiped first when ``may_wipe``).
+
+    label
+        The LUKS2 label, also the crypt mapping's name: a device held by it is already ours.
+
+    luks
+        The LUKS policy (type, cipher, key_size, sector_size, pbkdf).
+    stripe_kib, stripes
+        Stripe geometry below (LUKS above LVM): the payload starts on a full stripe.
+    """
+    ret = _ret(name)
+    what = (
+        f"{luks['type'].upper()} {luks['cipher']}, {luks['key_size']}-bit key, {luks['sector_size']}-byte "
+        f"sectors, {luks['pbkdf'].get('type', 'argon2id')}"
+    )
+    if not os.path.exists(name):
+        if __opts__["test"]:
+            return _would(ret, f"would luksFormat {name} once it exists ({what})")
+        return _done(ret, f"{name} does not exist", result=False)
+    probe = _probe(name, key_file if os.path.isfile(key_file) else None)
+    verdict = _util("safety.layer_verdict")("luks", probe, may_wipe, own_holders=[label])
+    if verdict["verdict"] == "use":
+        return _done(ret, f"{name}: {verdict['reason']}")
+    if verdict["verdict"] == "refuse":
+        return _done(
+            ret, f"refusing to luksFormat {name}: it {verdict['reason']}. Nothing was changed.", result=False
+        )
+    if __opts__["test"]:
+        return _would(ret, f"would luksFormat {name} ({what}; {verdict['reason']})")
+    if verdict["verdict"] == "wipe" and not _wipe(ret, name, verdict["reason"]):
+        return ret
+    offset = _util("commands.luks_data_offset")(stripe_kib, stripes)
+    ok, err = _run(_util("commands.luks_format")(name, key_file, luks, label=label, offset_sectors=offset))
+    if not ok:
+        return _done(ret, f"cryptsetup luksFormat {name} failed: {err}", result=False)
+    uuid = __salt__["hana_storage.luks_header"](name)["uuid"]
+    return _done(
+        ret, f"formatted {name}: {what}", formatted={"device": name, "luks_uuid": uuid, "format": what}
+    )
+
+
+def luks_opened(name, device, key_file, flags):
+    """
+    ``device`` is open as /dev/mapper/``name`` with exactly the dm-crypt ``flags`` (e.g.
+    no_read_workqueue, no_write_workqueue, allow_discards), active in the table and stored in the
+    LUKS2 header (``cryptsetup open|refresh --persistent``).
+    """
+    ret = _ret(name)
+    wanted = sorted(flags)
+    header_flags = (
+        sorted(f.replace("-", "_") for f in _header_flags(device)) if os.path.exists(device) else None
+    )
+    persistent = header_flags != wanted
+    table = __salt__["hana_storage.dm_tables"]().get(name)
+    if table is None:
+        if __opts__["test"]:
+            return _would(ret, f"would open {device} as {name} with flags {wanted or 'none'}")
+        if not os.path.exists(device):
+            return _done(ret, f"{device} does not exist", result=False)
+        ok, err = _run(_util("commands.luks_open")(name, device, key_file, wanted, persistent))
+        if not ok:
+            return _done(ret, f"cryptsetup open {device} failed: {err}", result=False)
+        return _done(
+            ret,
+            f"opened {device} as /dev/mapper/{name} with flags {wanted or 'none'}",
+            opened={"device": device, "name": name, "flags": wanted},
+        )
+    segment = next((s for s in table if s["target"] == "crypt"), None)
+    if segment is None or not _same_device(segment["device"], device):
+        return _done(
+            ret,
+            f"/dev/mapper/{name} exists but is not a crypt mapping of {device}: not touching it",
+            result=False,
+        )
+    active = sorted(
+        f for f in segment["flags"] if f in ("allow_discards", "no_read_workqueue", "no_write_workqueue")
+    )
+    if active == wanted and not persistent:
+        return _done(ret, f"{name} is open with flags {wanted or 'none'} (active and persistent)")
+    change = {"active": {"old": active, "new": wanted}}
+    if persistent:
+        change["persistent"] = {"old": header_flags, "new": wanted}
+    if __opts__["test"]:
+        return _would(ret, f"would refresh {name}: flags {change}")
+    ok, err = _run(_util("commands.luks_refresh")(name, key_file, wanted, persistent))
+    if not ok:
+        return _done(ret, f"cryptsetup refresh {name} failed: {err}", result=False)
+    return _done(ret, f"refreshed {name} to flags {wanted or 'none'}", flags=change)
+
+
+def _header_flags(device):
+    try:
+        return __salt__["hana_storage.luks_header"](device)["flags"]
+    except Exception:  # noqa: BLE001 - not LUKS (yet): no stored flags
+        return []
+
+
+def _same_device(table_device, path):
+    """Does a dm table's ``major:minor`` (or path) name the block device at ``path``?"""
+    try:
+        rdev = os.stat(path).st_rdev
+    except OSError:
+        return False
+    return table_device in (f"{os.major(rdev)}:{os.minor(rdev)}", path, os.path.realpath(path))
+
+
+def crypttab_present(name, device, key_file, options):
+    """/etc/crypttab has ``name UUID=<LUKS UUID of device> key_file options`` (via cryptdev.set_crypttab)."""
+    ret = _ret(name)
+    if not os.path.exists(device):
+        if __opts__["test"]:
+            return _would(
+                ret, f"would add {name} to /etc/crypttab by the UUID of {device} once it is formatted"
+            )
+        return _done(ret, f"{device} does not exist", result=False)
+    try:
+        uuid = __salt__["hana_storage.luks_header"](device)["uuid"]
+    except Exception as error:  # noqa: BLE001 - CommandExecutionError: not LUKS
+        if __opts__["test"]:
+            return _would(ret, f"would add {name} to /etc/crypttab once {device} is formatted")
+        return _done(ret, f"{device} has no LUKS header: {error}", result=False)
+    line = _util("tab.render_crypttab")(name, f"UUID={uuid}", key_file, options)
+    if not os.path.exists("/etc/crypttab"):
+        if __opts__["test"]:
+            return _would(ret, f"would create /etc/crypttab with: {line}")
+        with open("/etc/crypttab", "a", encoding="utf-8"):
+            os.chmod("/etc/crypttab", 0o644)
+    status = __salt__["cryptdev.set_crypttab"](
+        name, f"UUID={uuid}", password=key_file, options=options, test=__opts__["test"], match_on="name"
+    )
+    if status == "present":
+        return _done(ret, f"/etc/crypttab: {line}")
+    verb = {"new": "add", "change": "update"}.get(status, status)
+    if __opts__["test"]:
+        return _would(ret, f"would {verb} /etc/crypttab: {line}")
+    return _done(ret, f"/etc/crypttab: {verb} {line}", crypttab={status: line})
+
+
+# ---- LVM activation, filesystem, mount -------------------------------------------------------
+
+
+def lv_active(name):
+    """The LV ``/dev/<vg>/<lv>`` is active (after a reboot without LVM autoactivation, say)."""
+    ret = _ret(name)
+    if os.path.exists(name):
+        return _done(ret, f"{name} is active")
+    vg, lv = name.split("/")[2:4]
+    if not __salt__["lvm.lvdisplay"](name, quiet=True):
+        if __opts__["test"]:
+            return _would(ret, f"would activate {name} once it is created")
+        return _done(ret, f"logical volume {name} does not exist", result=False)
+    if __opts__["test"]:
+        return _would(ret, f"would activate {name}")
+    ok, err = _run(["lvchange", "--activate", "y", f"{vg}/{lv}"])
+    if not ok:
+        return _done(ret, f"lvchange -ay {vg}/{lv} failed: {err}", result=False)
+    return _done(ret, f"activated {name}", activated=name)
+
+
+def formatted(name, stripe_kib=0, stripes=1, mkfs_options=(), may_wipe=False):
+    """
+    ``name`` holds XFS aligned to the stripe (su = stripe size, sw = stripes). A blank device is
+    formatted; XFS is kept as it is (never formatted again); anything else is refused.
+    """
+    ret = _ret(name)
+    if not os.path.exists(name):
+        if __opts__["test"]:
+            aligned = f" aligned to {stripes} x {stripe_kib} KiB stripes" if stripes > 1 else ""
+            return _would(ret, f"would create XFS on {name} once it exists{aligned}")
+        return _done(ret, f"{name} does not exist", result=False)
+    verdict = _util("safety.layer_verdict")("xfs", _probe(name), may_wipe)
+    if verdict["verdict"] == "use":
+        return _done(ret, f"{name}: {verdict['reason']}")
+    if verdict["verdict"] == "refuse":
+        return _done(
+            ret,
+            f"refusing to create a filesystem on {name}: it {verdict['reason']}. Nothing was changed.",
+            result=False,
+        )
+    argv = _util("commands.mkfs_xfs")(
+        name, stripe_kib, stripes, list(mkfs_options), force=verdict["reason"].startswith("an interrupted")
+    )
+    if __opts__["test"]:
+        return _would(ret, f"would run {' '.join(argv)} ({verdict['reason']})")
+    if verdict["verdict"] == "wipe" and not _wipe(ret, name, verdict["reason"]):
+        return ret
+    ok, err = _run(argv)
+    if not ok:
+        return _done(ret, f"mkfs.xfs {name} failed: {err}", result=False)
+    return _done(ret, f"created XFS on {name}", formatted={"device": name, "command": " ".join(argv)})
+
+
+def mounted(name, device, options, fstab_options):
+    """
+    ``device`` is mounted at ``name`` with ``options`` and /etc/fstab has it by filesystem UUID
+    with ``fstab_options``. A mountpoint that holds another device is never unmounted.
+    """
+    ret = _ret(name)
+    live = _live_mount(name)
+    exists = os.path.exists(device)
+    if live and (not exists or live["dev"] != _dev_of(device)):
+        return _done(
+            ret,
+            f"{name} is mounted from {live['source']} ({live['fstype']}), not {device}: not touching "
+            "it (unmount it yourself if it must go)",
+            result=False,
+        )
+    if not exists:
+        if __opts__["test"]:
+            return _would(ret, f"would mount {device} at {name} and add it to /etc/fstab by UUID")
+        return _done(ret, f"{device} does not exist", result=False)
+    superblock = __salt__["hana_storage.xfs_superblock"](device)
+    spec = f"UUID={superblock['uuid']}"
+    line = _util("tab.render_fstab")(spec, name, "xfs", fstab_options)
+    status = __salt__["mount.set_fstab"](
+        name, spec, "xfs", opts=",".join(fstab_options) or "defaults", test=__opts__["test"], match_on="name"
+    )
+    todo = [] if status == "present" else [f"{'add' if status == 'new' else 'update'} /etc/fstab: {line}"]
+    missing = [o for o in options if live and o not in live["options"] + live["super_options"]]
+    if not live:
+        todo.append(f"mount {device} at {name}")
+    elif missing:
+        todo.append(f"remount {name} with {','.join(missing)}")
+    if not todo:
+        return _done(ret, f"{device} is mounted at {name}; /etc/fstab: {line}")
+    if __opts__["test"]:
+        return _would(ret, "would " + "; ".join(todo))
+    if status != "present":
+        ret["changes"]["fstab"] = {status: line}
+    if not live:
+        os.makedirs(name, exist_ok=True)
+        result = __salt__["mount.mount"](name, device, fstype="xfs", opts=",".join(options) or "defaults")
+    elif missing:
+        result = __salt__["mount.remount"](name, device, fstype="xfs", opts=",".join(options))
+    else:
+        result = True
+    if result is not True:
+        return _done(ret, f"mounting {device} at {name} failed: {result}", result=False)
+    if not live or missing:
+        ret["changes"]["mounted"] = {"device": device, "options": options}
+    return _done(ret, "; ".join(todo))
+
+
+def _live_mount(mountpoint):
+    with open("/proc/self/mountinfo", encoding="utf-8") as handle:
+        mounts = _util("tab.parse_mountinfo")(handle.read())
+    found = [m for m in mounts if m["mountpoint"] == mountpoint]
+    return found[-1] if found else None
+
+
+def _dev_of(path):
+    rdev = os.stat(path).st_rdev
+    return f"{os.major(rdev)}:{os.minor(rdev)}"

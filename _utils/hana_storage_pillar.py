@@ -428,6 +428,7 @@ def normalize(config):
         volume["stripes"] = len(volume["devices"])
         key = raw.get("key", config["key"])
         volume["key"] = {
+            "id": name if "key" in raw else "default",  # one key state per distinct key
             "source": key["source"],
             "file": key_file(key, name if "key" in raw else None),
             "pillar": keypath("volumes", name, "key", "material")

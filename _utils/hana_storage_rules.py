@@ -48,11 +48,6 @@ def audit(plan, facts):
     return {"compliant": not findings, "findings": findings, "volumes": volumes}
 
 
-def finding_key(finding):
-    """What makes a finding the same finding across audits (beacon de-duplication)."""
-    return f"{finding['rule']}|{finding['volume']}|{finding['device']}"
-
-
 class VolumeAudit:
     def __init__(self, plan, volume, facts):
         self.plan, self.volume, self.facts = plan, volume, facts
@@ -88,6 +83,7 @@ class VolumeAudit:
             "fstype": mount["fstype"] if mount else None,
             "layer": None,
             "crypt": [],
+            "stack": [],
         }
         if mount is None:
             self.add(
@@ -126,7 +122,11 @@ class VolumeAudit:
     # ---- what the stack under the filesystem is -------------------------------------------
     def _stack_rules(self, top, mount, summary):
         info = self.facts["stacks"][top]
-        summary.update(layer=info["layer"], crypt=[self.devices[c]["dm_name"] for c in info["crypts"]])
+        summary.update(
+            layer=info["layer"],
+            crypt=[self.devices[c]["dm_name"] for c in info["crypts"]],
+            stack=info["devices"],
+        )
         top_path = self.devices[top]["path"]
         if not info["crypts"]:
             self.add(

@@ -111,3 +111,18 @@ def parse_mountinfo(text):
             }
         )
     return mounts
+
+
+def parse_blkid_export(text):
+    """`blkid -p -o export <device>` -> {KEY: value} (TYPE, USAGE, PTTYPE, UUID, ...)."""
+    if not isinstance(text, str):
+        raise TabError(f"blkid output must be text, got {type(text).__name__}")
+    values = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not re.fullmatch(r"[A-Z_]+", key):
+            raise TabError(f"blkid line {number}: not KEY=value")
+        values[key] = value
+    return values

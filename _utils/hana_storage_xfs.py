@@ -1,7 +1,8 @@
 """The XFS superblock (first 512 bytes of the filesystem), parsed. Pure code.
 
-Only what the audit needs: UUID (fstab by UUID), block size and the stripe geometry mkfs.xfs
-stored (``sb_unit``/``sb_width``, in filesystem blocks). Layout: xfs_format.h ``struct xfs_dsb``.
+Only what the formula needs: UUID (fstab by UUID), block size, the stripe geometry mkfs.xfs
+stored (``sb_unit``/``sb_width``, in filesystem blocks) and whether mkfs.xfs finished
+(``sb_inprogress``). Layout: xfs_format.h ``struct xfs_dsb``.
 """
 
 import struct
@@ -27,6 +28,8 @@ def parse_superblock(raw):
     sunit, swidth = struct.unpack_from(">II", raw, 184)
     label = raw[108:120].split(b"\0", 1)[0].decode("latin-1")
     return {
+        # mkfs.xfs sets sb_inprogress first and clears it last: set means an interrupted mkfs
+        "inprogress": raw[126] != 0,
         "uuid": str(uuidlib.UUID(bytes=bytes(raw[32:48]))),
         "label": label,
         "blocksize": blocksize,

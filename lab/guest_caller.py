@@ -42,6 +42,7 @@ def call(caller, line, state):
     """One salt-call: current pillar and modules, empty __context__, salt-call's parsing and retcode."""
     stamp = inputs_stamp(caller.opts)
     if stamp != state.get("stamp"):
+        caller.sminion.opts["pillar"] = {}  # else the old pillar is merged into the new one
         caller.sminion.gen_modules(initial_load=True)
         state["stamp"] = stamp
     caller.sminion.functions.pack["__context__"].clear()

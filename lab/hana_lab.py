@@ -313,8 +313,11 @@ class Lab:
         """Write a file inside the guest (through the shared directory)."""
         name = f"file.{self.step}"
         (self.shared / name).write_text(text)
+        dest = shlex.quote(guest_path)
+        # written in place, not replaced: virtme-ng bind-mounts some files of /etc (fstab)
         self.run(
-            f"install -D -m {mode:o} {self.shared}/{name} {shlex.quote(guest_path)} && rm {self.shared}/{name}",
+            f"umask 077 && mkdir -p $(dirname {dest}) && cat {self.shared}/{name} >{dest} && chmod {mode:o} {dest} "
+            f"&& rm {self.shared}/{name}",
             check=True,
             echo=False,
         )
@@ -414,7 +417,7 @@ class SaltResult:
 
 MINION_CONFIG = """id: {id}
 file_client: local
-root_dir: /run/salt/root
+root_dir: /  # the paths below are absolute: Salt prefixes them with root_dir
 pki_dir: /run/salt/pki
 cachedir: /run/salt/cache
 sock_dir: /run/salt/sock

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(qemu-system-x86 linux-image-amd64 busybox-static cryptsetup-bin lvm2 xfsprogs dmsetup
-              fio util-linux kmod prometheus)
+              fio util-linux fdisk kmod e2fsprogs prometheus)
 PYTHON=${PYTHON:-python3}
 
 missing=()

@@ -52,6 +52,7 @@ def test_good_pillar_is_valid_and_normalises():
     assert log["pvs"] == ["/dev/mapper/hana_log_0", "/dev/mapper/hana_log_1"]
     assert log["fs_device"] == "/dev/vg_hana_log/lv_hana_log"
     assert data["key"] == {
+        "id": "default",
         "source": "pillar",
         "file": "/run/hana-storage/keys/hana.key",
         "pillar": "hana:storage:key:material",

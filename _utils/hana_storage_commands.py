@@ -1,0 +1,90 @@
+"""Command lines for cryptsetup, mkfs.xfs and wipefs, from the plan. Pure code.
+
+Keys are only ever named by their file (``--key-file <path>``): no argv built here can hold key
+material, which keeps it out of /proc/<pid>/cmdline, `ps`, Salt's command logs and job data.
+"""
+
+SECTOR = 512
+LUKS2_DEFAULT_DATA_OFFSET = 16 << 20  # cryptsetup's LUKS2 header + keyslots area
+
+
+def luks_data_offset(stripe_kib, stripes):
+    """Data offset (512-byte sectors) that starts the payload on a full stripe, or None when
+    cryptsetup's 16 MiB default already does (it does for every power-of-two stripe width)."""
+    width = stripe_kib * 1024 * stripes
+    if width <= 0 or LUKS2_DEFAULT_DATA_OFFSET % width == 0:
+        return None
+    return -(-LUKS2_DEFAULT_DATA_OFFSET // width) * width // SECTOR
+
+
+def pbkdf_args(pbkdf):
+    args = ["--pbkdf", pbkdf.get("type", "argon2id")]
+    for key, flag in (
+        ("iter_time_ms", "--iter-time"),
+        ("memory_kib", "--pbkdf-memory"),
+        ("parallel", "--pbkdf-parallel"),
+        ("force_iterations", "--pbkdf-force-iterations"),
+    ):
+        if key in pbkdf:
+            args += [flag, str(pbkdf[key])]
+    return args
+
+
+def luks_format(device, key_file, luks, label=None, offset_sectors=None):
+    argv = [
+        "cryptsetup",
+        "luksFormat",
+        "--batch-mode",
+        "--type",
+        luks["type"],
+        "--cipher",
+        luks["cipher"],
+        "--key-size",
+        str(luks["key_size"]),
+        "--sector-size",
+        str(luks["sector_size"]),
+        *pbkdf_args(luks.get("pbkdf", {})),
+        "--key-file",
+        key_file,
+    ]
+    if label:
+        argv += ["--label", label]
+    if offset_sectors:
+        argv += ["--offset", str(offset_sectors)]
+    return [*argv, device]
+
+
+def flag_args(dm_flags):
+    """cryptsetup options that set exactly these dm-crypt flags."""
+    spelling = {
+        "allow_discards": "--allow-discards",
+        "no_read_workqueue": "--perf-no_read_workqueue",
+        "no_write_workqueue": "--perf-no_write_workqueue",
+    }
+    return [spelling[flag] for flag in sorted(dm_flags)]
+
+
+def luks_open(name, device, key_file, dm_flags, persistent):
+    argv = ["cryptsetup", "open", "--type", "luks2", "--key-file", key_file, *flag_args(dm_flags)]
+    return [*argv, *(["--persistent"] if persistent else []), device, name]
+
+
+def luks_refresh(name, key_file, dm_flags, persistent):
+    argv = ["cryptsetup", "refresh", "--key-file", key_file, *flag_args(dm_flags)]
+    return [*argv, *(["--persistent"] if persistent else []), name]
+
+
+def mkfs_xfs(device, stripe_kib, stripes, options, force=False):
+    """mkfs.xfs aligned to the stripe (su = stripe size, sw = number of stripes)."""
+    argv = ["mkfs.xfs", "-q"]
+    if force:
+        argv.append("-f")  # only ever for a device the guard cleared (interrupted mkfs, allowed wipe)
+    if stripes > 1:
+        argv += ["-d", f"su={stripe_kib}k,sw={stripes}"]
+    for option in options:
+        argv += option.split(None, 1)
+    return [*argv, device]
+
+
+def wipe(device):
+    return ["wipefs", "--all", device]

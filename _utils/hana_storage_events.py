@@ -1,0 +1,117 @@
+"""Beacon and reactor logic that needs no I/O: which volumes a kernel event touches, which findings
+appeared or cleared, the audit summary, and the canonical bytes an event signature covers.
+"""
+
+import json
+
+# Fields of a finding, in the order events carry them.
+FINDING_FIELDS = (
+    "rule",
+    "severity",
+    "volume",
+    "mountpoint",
+    "device",
+    "expected",
+    "actual",
+    "remediation",
+    "message",
+)
+# Event fields that are not part of what the minion signed: Salt adds "id" and "_stamp".
+UNSIGNED_FIELDS = ("sig", "id", "_stamp")
+BLOCK_ACTIONS = ("add", "remove", "change", "move", "online", "offline")
+
+
+def finding_key(finding):
+    """What makes a finding the same finding across audits."""
+    return f"{finding['rule']}|{finding['volume']}|{finding['device']}"
+
+
+def uevent_device(message):
+    """Kernel name ('dm-3', 'vde') of a block-device uevent, or None for any other uevent."""
+    if message.get("SUBSYSTEM") != "block" or message.get("ACTION") not in BLOCK_ACTIONS:
+        return None
+    name = message.get("DEVNAME") or (message.get("DEVPATH") or "").rsplit("/", 1)[-1]
+    return name.rsplit("/", 1)[-1] or None
+
+
+def affected_volumes(devices, watched):
+    """Volumes whose stack (or pillar disks) contain one of ``devices``.
+
+    ``watched``: {volume: [kernel device names]} from the last audit and the pillar.
+    """
+    devices = set(devices)
+    return sorted(volume for volume, names in watched.items() if devices & set(names))
+
+
+def mount_view(mounts, mountpoints):
+    """{mountpoint: (dev, options)} of the HANA mountpoints: what a mount-table change may alter."""
+    view = {}
+    for mount in mounts:
+        if mount["mountpoint"] in mountpoints:
+            view[mount["mountpoint"]] = (mount["dev"], tuple(mount["options"] + mount["super_options"]))
+    return view
+
+
+def changed_mountpoints(before, after):
+    return sorted(point for point in set(before) | set(after) if before.get(point) != after.get(point))
+
+
+def diff_findings(known, findings, scope):
+    """(known after, appeared, cleared) for an audit of the volumes in ``scope`` (None = all).
+
+    ``known``: {key: finding} from earlier audits. Findings of volumes outside the scope stay as
+    they were; an unchanged finding is neither appeared nor cleared, so never repeated.
+    """
+    current = {finding_key(f): f for f in findings}
+    in_scope = (lambda f: True) if scope is None else (lambda f: f["volume"] in scope)
+    kept = {k: f for k, f in known.items() if not in_scope(f)}
+    appeared = [f for k, f in current.items() if k not in known]
+    cleared = [f for k, f in known.items() if in_scope(f) and k not in current]
+    return {**kept, **current}, appeared, cleared
+
+
+def finding_event(tag, finding, trigger, now):
+    return {
+        "tag": tag,
+        **{k: finding.get(k) for k in FINDING_FIELDS},
+        "key": finding_key(finding),
+        "trigger": trigger,
+        "ts": now,
+    }
+
+
+def audit_event(report, trigger, seconds, now):
+    """The summary after a full audit: per volume compliant and failing rules, counts per rule."""
+    by_rule = {}
+    for finding in report["findings"]:
+        entry = by_rule.setdefault(finding["rule"], {"severity": finding["severity"], "count": 0})
+        entry["count"] += 1
+    return {
+        "tag": "audit",
+        "compliant": report["compliant"],
+        "volumes": {
+            name: {"compliant": v["compliant"], "rules": v["rules"], "mountpoint": v["mountpoint"]}
+            for name, v in report["volumes"].items()
+        },
+        "findings": len(report["findings"]),
+        "by_rule": by_rule,
+        "trigger": trigger,
+        "seconds": round(seconds, 3),
+        "ts": now,
+    }
+
+
+def signed_bytes(minion, tag, data):
+    """The bytes a minion signs for an event and the master verifies: minion id, tag and data."""
+    body = {k: v for k, v in data.items() if k not in UNSIGNED_FIELDS and k != "tag"}
+    return json.dumps(
+        {"minion": minion, "tag": tag, "data": body}, sort_keys=True, separators=(",", ":"), default=str
+    ).encode()
+
+
+def minion_of_tag(tag):
+    """'salt/beacon/<minion>/hana_storage/<event>' -> (minion, event), or (None, None)."""
+    parts = tag.split("/")
+    if len(parts) == 5 and parts[:2] == ["salt", "beacon"] and parts[3] == "hana_storage" and parts[2]:
+        return parts[2], parts[4]
+    return None, None

@@ -1,0 +1,35 @@
+# -*- coding: utf-8 -*-
+# vim: ft=sls
+# LUKS2 format and open with the dm-crypt flags: on the LV (above LVM) or on each disk (below).
+---
+{%- from "hana/storage/map.jinja" import hana_storage with context %}
+{%- if hana_storage.valid %}
+{%-   set luks = hana_storage.config.luks %}
+{%-   for name, volume in hana_storage.config.volumes | dictsort %}
+{%-     set above = volume.encryption == 'above_lvm' %}
+{%-     set may_wipe = volume.may_format | length == volume.devices | length %}
+{%-     for crypt in volume.crypt %}
+
+hana-storage-{{ name }}-luks-{{ loop.index0 }}:
+  hana_storage.luks_formatted:
+    - name: {{ crypt.device }}
+    - key_file: {{ volume.key.file }}
+    - luks: {{ luks | json }}
+    - label: {{ crypt.name }}
+    - stripe_kib: {{ volume.stripe_size_kib if above else 0 }}
+    - stripes: {{ volume.stripes if above else 1 }}
+    - may_wipe: {{ may_wipe }}
+    - require:
+      - hana_storage: hana-storage-{{ name }}-{{ 'lv-active' if above else 'guard' }}
+
+hana-storage-{{ name }}-open-{{ loop.index0 }}:
+  hana_storage.luks_opened:
+    - name: {{ crypt.name }}
+    - device: {{ crypt.device }}
+    - key_file: {{ volume.key.file }}
+    - flags: {{ luks.dm_flags | json }}
+    - require:
+      - hana_storage: hana-storage-{{ name }}-luks-{{ loop.index0 }}
+{%-     endfor %}
+{%-   endfor %}
+{%- endif %}

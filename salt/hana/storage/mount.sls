@@ -1,0 +1,18 @@
+# -*- coding: utf-8 -*-
+# vim: ft=sls
+# Mounted with the pillar's options, in /etc/fstab by filesystem UUID.
+---
+{%- from "hana/storage/map.jinja" import hana_storage with context %}
+{%- if hana_storage.valid %}
+{%-   for name, volume in hana_storage.config.volumes | dictsort %}
+
+hana-storage-{{ name }}-mount:
+  hana_storage.mounted:
+    - name: {{ volume.mountpoint }}
+    - device: {{ volume.fs_device }}
+    - options: {{ volume.mount_options | json }}
+    - fstab_options: {{ volume.fstab_options | json }}
+    - require:
+      - hana_storage: hana-storage-{{ name }}-mkfs
+{%-   endfor %}
+{%- endif %}

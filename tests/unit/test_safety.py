@@ -1,0 +1,280 @@
+"""The data-loss guard's decisions and the command lines the states run."""
+
+import base64
+
+import hana_storage_commands as commands
+import hana_storage_pillar as hp
+import hana_storage_safety as safety
+import pytest
+
+from tests.unit.test_audit import DEFAULTS
+
+KEY = base64.b64encode(b"k" * 64).decode()
+
+
+def volume(encryption="above_lvm", devices=("/dev/vda", "/dev/vdb"), allow=(), safe_mode=True):
+    config = hp.merge(
+        DEFAULTS,
+        {
+            "safe_mode": safe_mode,
+            "key": {"source": "pillar", "material": KEY},
+            "volumes": {
+                "data": {
+                    "mountpoint": "/hana/data",
+                    "devices": list(devices),
+                    "encryption": encryption,
+                    "allow_format": list(allow),
+                }
+            },
+        },
+    )
+    return hp.normalize(config)["volumes"]["data"]
+
+
+def probe(device="/dev/vda", **facts):
+    base = {
+        "device": device,
+        "exists": True,
+        "block": True,
+        "signatures": [],
+        "pttype": None,
+        "pv_vg": None,
+        "luks": None,
+        "key_opens": None,
+        "holders": [],
+        "mountpoints": [],
+        "nonzero_head": False,
+        "xfs": None,
+    }
+    return {**base, **facts}
+
+
+def sig(*types):
+    return [{"type": t, "usage": ""} for t in types]
+
+
+CASES = [
+    # (id, encryption, probe facts, verdict, words)
+    ("blank", "above_lvm", {}, "use", "blank"),
+    ("orphan-pv", "above_lvm", {"signatures": sig("LVM2_member"), "pv_vg": ""}, "use", "already a PV"),
+    (
+        "our-pv",
+        "above_lvm",
+        {"signatures": sig("LVM2_member"), "pv_vg": "vg_hana_data", "holders": ["vg_hana_data-lv_hana_data"]},
+        "use",
+        "vg_hana_data",
+    ),
+    (
+        "foreign-pv",
+        "above_lvm",
+        {"signatures": sig("LVM2_member"), "pv_vg": "vg_other"},
+        "refuse",
+        "vg_other",
+    ),
+    ("ext4", "above_lvm", {"signatures": sig("ext4"), "nonzero_head": True}, "refuse", "ext4 signature"),
+    ("xfs-on-disk", "below_lvm", {"signatures": sig("xfs")}, "refuse", "xfs signature"),
+    ("gpt", "above_lvm", {"pttype": "gpt"}, "refuse", "gpt partition table"),
+    ("raid", "above_lvm", {"signatures": sig("linux_raid_member")}, "refuse", "linux_raid_member"),
+    (
+        "ambivalent",
+        "above_lvm",
+        {"signatures": sig("ambivalent (several signatures)")},
+        "refuse",
+        "ambivalent",
+    ),
+    ("unknown-data", "above_lvm", {"nonzero_head": True}, "refuse", "without a known signature"),
+    ("mounted", "above_lvm", {"mountpoints": ["/srv"]}, "refuse", "mounted at /srv"),
+    ("held", "above_lvm", {"holders": ["md0"]}, "refuse", "in use by md0"),
+    ("missing", "above_lvm", {"exists": False}, "refuse", "does not exist"),
+    ("not-block", "above_lvm", {"block": False}, "refuse", "not a block device"),
+    (
+        "our-luks-closed",
+        "below_lvm",
+        {"signatures": sig("crypto_LUKS"), "key_opens": True},
+        "use",
+        "opened by the volume's key",
+    ),
+    (
+        "our-luks-open",
+        "below_lvm",
+        {"signatures": sig("crypto_LUKS"), "holders": ["hana_data_0"]},
+        "use",
+        "open as hana_data_0",
+    ),
+    (
+        "foreign-luks",
+        "below_lvm",
+        {"signatures": sig("crypto_LUKS"), "key_opens": False},
+        "refuse",
+        "key cannot open",
+    ),
+    (
+        "foreign-luks-open",
+        "below_lvm",
+        {"signatures": sig("crypto_LUKS"), "holders": ["other"]},
+        "refuse",
+        "in use by other",
+    ),
+    (
+        "luks-on-above-disk",
+        "above_lvm",
+        {"signatures": sig("crypto_LUKS"), "key_opens": True},
+        "refuse",
+        "crypto_LUKS",
+    ),
+    (
+        "pv-on-below-disk",
+        "below_lvm",
+        {"signatures": sig("LVM2_member"), "pv_vg": ""},
+        "refuse",
+        "LVM2_member",
+    ),
+]
+
+
+@pytest.mark.parametrize("encryption,facts,verdict,words", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_disk_verdicts(encryption, facts, verdict, words):
+    got = safety.disk_verdict(volume(encryption), probe(**facts))
+    assert got["verdict"] == verdict and words in got["reason"], got
+
+
+def test_allow_format_turns_refusal_into_wipe_but_never_for_live_devices():
+    allowed = volume(allow=["/dev/vda"])
+    assert safety.disk_verdict(allowed, probe(signatures=sig("ext4")))["verdict"] == "wipe"
+    assert (
+        safety.disk_verdict(allowed, probe(device="/dev/vdb", signatures=sig("ext4")))["verdict"] == "refuse"
+    )
+    assert safety.disk_verdict(allowed, probe(mountpoints=["/srv"]))["verdict"] == "refuse"
+    assert safety.disk_verdict(allowed, probe(holders=["md0"]))["verdict"] == "refuse"
+
+
+def test_safe_mode_off_allows_every_pillar_device():
+    loose = volume(safe_mode=False)
+    assert loose["may_format"] == ["/dev/vda", "/dev/vdb"]
+    assert safety.disk_verdict(loose, probe(device="/dev/vdb", pttype="dos"))["verdict"] == "wipe"
+
+
+@pytest.mark.parametrize(
+    "layer,facts,may_wipe,verdict,words",
+    [
+        ("luks", {}, False, "create", "blank"),
+        (
+            "luks",
+            {"signatures": sig("crypto_LUKS"), "holders": ["hana_data"]},
+            False,
+            "use",
+            "open as hana_data",
+        ),
+        ("luks", {"signatures": sig("crypto_LUKS"), "key_opens": True}, False, "use", "opened by"),
+        ("luks", {"signatures": sig("crypto_LUKS"), "key_opens": False}, False, "refuse", "cannot open"),
+        ("luks", {"signatures": sig("crypto_LUKS"), "key_opens": False}, True, "wipe", "allowed"),
+        ("luks", {"signatures": sig("xfs")}, False, "refuse", "xfs signature"),
+        ("luks", {"holders": ["intruder"]}, True, "refuse", "in use by intruder"),
+        ("xfs", {"signatures": sig("xfs"), "xfs": {"inprogress": False}}, False, "use", "already XFS"),
+        ("xfs", {"signatures": sig("xfs"), "xfs": {"inprogress": True}}, False, "create", "interrupted mkfs"),
+        ("xfs", {"signatures": sig("ext4")}, False, "refuse", "ext4"),
+        ("xfs", {"signatures": sig("LVM2_member")}, True, "wipe", "LVM2_member"),
+        ("xfs", {}, False, "create", "blank"),
+    ],
+)
+def test_layer_verdicts(layer, facts, may_wipe, verdict, words):
+    got = safety.layer_verdict(layer, probe(**facts), may_wipe, own_holders=["hana_data"])
+    assert got["verdict"] == verdict and words in got["reason"], got
+
+
+def test_refusal_summary_names_every_refused_device():
+    verdicts = [
+        safety.disk_verdict(volume(), probe(signatures=sig("ext4"))),
+        safety.disk_verdict(volume(), probe(device="/dev/vdb")),
+    ]
+    assert safety.refusal_summary(verdicts) == "/dev/vda carries a ext4 signature"
+
+
+# ---- command lines -------------------------------------------------------------------------------
+
+LUKS = {
+    "type": "luks2",
+    "cipher": "aes-xts-plain64",
+    "key_size": 512,
+    "sector_size": 4096,
+    "pbkdf": {"type": "argon2id", "memory_kib": 32768, "force_iterations": 4, "parallel": 1},
+}
+
+
+def test_luks_format_names_the_key_by_file_only():
+    argv = commands.luks_format("/dev/vg/lv", "/run/hana-storage/keys/hana.key", LUKS, label="hana_data")
+    assert argv == [
+        "cryptsetup",
+        "luksFormat",
+        "--batch-mode",
+        "--type",
+        "luks2",
+        "--cipher",
+        "aes-xts-plain64",
+        "--key-size",
+        "512",
+        "--sector-size",
+        "4096",
+        "--pbkdf",
+        "argon2id",
+        "--pbkdf-memory",
+        "32768",
+        "--pbkdf-parallel",
+        "1",
+        "--pbkdf-force-iterations",
+        "4",
+        "--key-file",
+        "/run/hana-storage/keys/hana.key",
+        "--label",
+        "hana_data",
+        "/dev/vg/lv",
+    ]
+
+
+def test_open_and_refresh_set_exactly_the_policy_flags():
+    flags = ["no_write_workqueue", "no_read_workqueue"]
+    assert commands.luks_open("hana_data", "/dev/vg/lv", "/k", flags, persistent=True) == [
+        "cryptsetup",
+        "open",
+        "--type",
+        "luks2",
+        "--key-file",
+        "/k",
+        "--perf-no_read_workqueue",
+        "--perf-no_write_workqueue",
+        "--persistent",
+        "/dev/vg/lv",
+        "hana_data",
+    ]
+    assert commands.luks_refresh("hana_data", "/k", ["allow_discards"], persistent=False) == [
+        "cryptsetup",
+        "refresh",
+        "--key-file",
+        "/k",
+        "--allow-discards",
+        "hana_data",
+    ]
+
+
+@pytest.mark.parametrize(
+    "stripe,stripes,offset", [(256, 4, None), (64, 2, None), (256, 3, 33792), (128, 5, 33280), (256, 1, None)]
+)
+def test_luks_payload_starts_on_a_full_stripe(stripe, stripes, offset):
+    got = commands.luks_data_offset(stripe, stripes)
+    assert got == offset
+    width = stripe * 1024 * stripes
+    assert ((got or 32768) * 512) % width == 0 and (got or 32768) * 512 >= 16 << 20
+
+
+def test_mkfs_is_aligned_and_never_forced_unless_asked():
+    assert commands.mkfs_xfs("/dev/mapper/hana_data", 256, 4, ["-m crc=1"]) == [
+        "mkfs.xfs",
+        "-q",
+        "-d",
+        "su=256k,sw=4",
+        "-m",
+        "crc=1",
+        "/dev/mapper/hana_data",
+    ]
+    assert commands.mkfs_xfs("/dev/x", 256, 1, []) == ["mkfs.xfs", "-q", "/dev/x"]
+    assert "-f" in commands.mkfs_xfs("/dev/x", 256, 1, [], force=True)
