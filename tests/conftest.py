@@ -8,3 +8,18 @@ for sub in ("_utils", "lab"):
     path = str(REPO / sub)
     if path not in sys.path:
         sys.path.insert(0, path)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Drop what Salt's deferred start-up log handler queued during the tests.
+
+    Importing Salt installs a handler that keeps records until logging is configured and prints
+    them at exit - by then to pytest's closed capture stream, which only produces noise.
+    """
+    try:
+        from salt._logging import impl
+    except ImportError:
+        return
+    handler = impl.get_temp_handler()
+    if handler is not None:
+        handler.sync_with_handlers([])

@@ -78,6 +78,10 @@ def test_state_apply_with_invalid_pillar_touches_nothing(minion, set_pillar):
 def test_state_apply_with_valid_pillar_on_the_test_host(minion, set_pillar):
     """Devices that do not exist here: validation fails with host errors, still nothing else runs."""
     set_pillar(GOOD)
-    ret = minion.salt_call_cli(timeout=120).run("state.apply", "hana.storage", test=True)
-    state = next(iter(ret.data.values()))
-    assert "does not exist on this host" in state["comment"]
+    ret = minion.salt_call_cli(timeout=300).run("state.apply", "hana.storage", test=True)
+    states = ret.data
+    gate = states["hana_storage_|-hana-storage-pillar-valid_|-hana-storage-pillar-valid_|-pillar_valid"]
+    assert gate["result"] is False and "does not exist on this host" in gate["comment"]
+    others = [s for s in states.values() if s is not gate]
+    assert others and all(s["result"] is False and s["changes"] == {} for s in others)
+    assert all("requisite failed" in s["comment"] for s in others)

@@ -1,0 +1,254 @@
+"""
+Compliance beacon for encrypted SAP HANA storage.
+
+Watches the kernel and audits only what it touches:
+
+* block-device uevents (pyroute2 ``UeventSocket``, kernel group): an add/remove/change of a
+  device in a HANA volume's stack (``cryptsetup refresh``, ``dmsetup reload``, a disk going)
+  re-audits that volume;
+* mount-table changes (the kernel flags ``/proc/self/mountinfo`` with POLLPRI; a mount sends no
+  uevent): a HANA mountpoint mounted, unmounted or remounted re-audits that volume;
+* a full audit every ``full_audit_interval`` seconds, the safety net for lost events.
+
+An idle tick polls two file descriptors and returns: no subprocess, no device read.
+
+Events (``salt/beacon/<minion>/hana_storage/<event>``), never with key material:
+
+``violation``
+    A finding appeared: rule, severity, volume, mountpoint, device, expected, actual,
+    remediation (auto|manual), message; plus key, trigger (uevent|mount|full), ts and sig.
+``resolved``
+    A finding cleared; the same fields as the violation it ends.
+``audit``
+    After each full audit: compliant, per-volume compliance and failing rules, findings, by_rule,
+    seconds, ts, sig.
+``error``
+    The audit could not run (invalid pillar, dmsetup failing ...): message, ts, sig. Once per
+    distinct message.
+
+A finding is reported when it appears and when it clears, never again while unchanged.
+``sig`` is the minion's RSA signature (PKCS#1 v1.5, SHA-224) over the minion id, the event and
+its data, so the master can tell which minion really sent it (Salt lets any minion fire any tag).
+
+.. code-block:: yaml
+
+    beacons:
+      hana_storage:
+        - interval: 10                 # seconds between ticks
+        - full_audit_interval: 300     # seconds between full audits
+        - uevents: true                # react to kernel events between full audits
+        - disable_during_state_run: true
+"""
+
+import base64
+import logging
+import os
+import select
+import time
+
+import salt.crypt
+import salt.utils.beacons
+import salt.utils.platform
+
+try:
+    from pyroute2 import UeventSocket
+    from pyroute2.netlink.uevent import MONITOR_GROUP_KERNEL
+
+    HAS_PYROUTE2 = True
+except ImportError:
+    HAS_PYROUTE2 = False
+
+log = logging.getLogger(__name__)
+
+__virtualname__ = "hana_storage"
+
+DEFAULTS = {"interval": 10, "full_audit_interval": 300, "uevents": True}
+# Keys Salt itself reads from any beacon's configuration.
+SALT_KEYS = {"interval", "disable_during_state_run", "run_once", "beacon_module", "enabled"}
+CONTEXT = "hana_storage.beacon"
+SIGNING = salt.crypt.PKCS1v15_SHA224
+
+
+def __virtual__():
+    if not salt.utils.platform.is_linux():
+        return False, "the hana_storage beacon watches Linux block devices"
+    return __virtualname__
+
+
+def validate(config):
+    """
+    Validate the beacon configuration.
+    """
+    if not isinstance(config, list):
+        return False, "Configuration for the hana_storage beacon must be a list, e.g. [{interval: 10}]"
+    if not all(isinstance(item, dict) for item in config):
+        return False, "Each hana_storage beacon setting must be a mapping, e.g. - full_audit_interval: 300"
+    config = salt.utils.beacons.list_to_dict(config)
+    unknown = sorted(set(config) - set(DEFAULTS) - SALT_KEYS)
+    if unknown:
+        return False, f"hana_storage beacon: unknown setting(s) {', '.join(unknown)}; known: " + ", ".join(
+            sorted(set(DEFAULTS) | SALT_KEYS)
+        )
+    settings = {**DEFAULTS, **config}
+    for key, low in (("interval", 1), ("full_audit_interval", 10)):
+        value = settings[key]
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            return (
+                False,
+                f"hana_storage beacon: {key} must be an integer of at least {low} (seconds), got {value!r}",
+            )
+    if settings["full_audit_interval"] < settings["interval"]:
+        return False, "hana_storage beacon: full_audit_interval must not be shorter than interval"
+    if not isinstance(settings["uevents"], bool):
+        return False, f"hana_storage beacon: uevents must be true or false, got {settings['uevents']!r}"
+    if settings["uevents"] and not HAS_PYROUTE2:
+        return False, "hana_storage beacon: uevents: true needs the pyroute2 Python package on the minion"
+    return True, "Valid beacon configuration"
+
+
+class KernelWatch:
+    """Block uevents and mount-table changes, read without ever blocking."""
+
+    def __init__(self, uevents):
+        self.uevents = None
+        if uevents:
+            self.uevents = UeventSocket()
+            self.uevents.bind(groups=MONITOR_GROUP_KERNEL)
+        self.mountinfo = open("/proc/self/mountinfo", "rb")  # noqa: SIM115 - kept open across ticks
+        self.poller = select.poll()
+        self.poller.register(self.mountinfo, select.POLLPRI | select.POLLERR)
+
+    def drain(self):
+        """(kernel names of block devices that changed, mount table changed?, events lost?)."""
+        devices, lost = set(), False
+        while self.uevents is not None and select.select([self.uevents.fileno()], [], [], 0)[0]:
+            try:
+                for message in self.uevents.get():
+                    name = _events("uevent_device")(message)
+                    if name:
+                        devices.add(name)
+            except OSError as error:  # ENOBUFS: the kernel dropped events while nobody read
+                lost = True
+                log.warning("hana_storage beacon: uevents lost (%s); a full audit follows", error)
+                break
+        mounts_changed = bool(self.poller.poll(0))
+        if mounts_changed:
+            self.mountinfo.seek(0)
+            self.mountinfo.read()  # re-arms the notification
+        return devices, mounts_changed, lost
+
+    def close(self):
+        if self.uevents is not None:
+            self.uevents.close()
+        self.mountinfo.close()
+
+
+def _events(name):
+    return __utils__[f"hana_storage_events.{name}"]
+
+
+def _state():
+    return __context__.setdefault(
+        CONTEXT,
+        {
+            "known": {},  # finding key -> finding, as last reported
+            "last_full": None,
+            "watch": None,
+            "watched": {},  # volume -> kernel names of its stack and disks
+            "mountpoints": {},  # volume -> mountpoint
+            "mounts": {},  # mountpoint -> (dev, options) as last seen
+            "error": None,
+            "key": None,
+        },
+    )
+
+
+def _sign(state, tag, data):
+    """The minion's signature over (id, tag, data); None when the minion has no key (masterless)."""
+    if state["key"] is None:
+        path = os.path.join(__opts__["pki_dir"], "minion.pem")
+        state["key"] = salt.crypt.PrivateKey.from_file(path) if os.path.exists(path) else False
+    if not state["key"]:
+        return None
+    message = _events("signed_bytes")(__opts__["id"], tag, data)
+    return base64.b64encode(state["key"].sign(message, SIGNING)).decode()
+
+
+def _emit(state, events):
+    for event in events:
+        event["sig"] = _sign(state, event["tag"], event)
+    return events
+
+
+def _read_mounts():
+    with open("/proc/self/mountinfo", encoding="utf-8") as handle:
+        return __utils__["hana_storage_tab.parse_mountinfo"](handle.read())
+
+
+def beacon(config):
+    """
+    Audit HANA storage on kernel events and periodically; report findings as they appear and clear.
+
+    .. code-block:: yaml
+
+        beacons:
+          hana_storage:
+            - interval: 10
+            - full_audit_interval: 300
+    """
+    config = {**DEFAULTS, **salt.utils.beacons.list_to_dict(config)}
+    state = _state()
+    try:
+        if state["watch"] is None:
+            state["watch"] = KernelWatch(config["uevents"] and HAS_PYROUTE2)
+        devices, mounts_changed, lost = state["watch"].drain()
+    except OSError as error:
+        log.error("hana_storage beacon: cannot watch kernel events (%s); full audits only", error)
+        devices, mounts_changed, lost = set(), False, True
+        state["watch"] = state["watch"] or KernelWatch(False)
+    now = time.monotonic()
+    full = lost or state["last_full"] is None or now - state["last_full"] >= config["full_audit_interval"]
+    scope, trigger = None, "full"
+    if not full:
+        scope = set(_events("affected_volumes")(devices, state["watched"]))
+        if mounts_changed:
+            view = _events("mount_view")(_read_mounts(), set(state["mountpoints"].values()))
+            changed = set(_events("changed_mountpoints")(state["mounts"], view))
+            scope |= {v for v, point in state["mountpoints"].items() if point in changed}
+            state["mounts"] = view
+        if not scope:
+            return []  # the idle tick: nothing happened that touches a HANA volume
+        trigger = "uevent" if devices else "mount"
+    return _emit(state, _audit(state, scope, trigger, now))
+
+
+def _audit(state, scope, trigger, now):
+    started = time.monotonic()
+    try:
+        report = __salt__["hana_storage.audit"](volumes=sorted(scope) if scope is not None else None)
+    except Exception as error:  # noqa: BLE001 - a beacon must never take the minion down
+        message = str(error)
+        if scope is None:
+            state["last_full"] = now
+        if message == state["error"]:
+            return []
+        state["error"] = message
+        log.error("hana_storage beacon: audit failed: %s", message)
+        return [{"tag": "error", "message": message, "trigger": trigger, "ts": time.time()}]
+    state["error"] = None
+    # what later uevents map to: each audited volume's stack and pillar disks (kernel names)
+    watched = {n: sorted(set(v["stack"]) | set(v["disks"])) for n, v in report["volumes"].items()}
+    mountpoints = {n: v["mountpoint"] for n, v in report["volumes"].items()}
+    if scope is None:
+        state["watched"], state["mountpoints"] = watched, mountpoints
+        state["mounts"] = _events("mount_view")(_read_mounts(), set(mountpoints.values()))
+    else:
+        state["watched"].update(watched)
+    state["known"], appeared, cleared = _events("diff_findings")(state["known"], report["findings"], scope)
+    wall = time.time()
+    out = [_events("finding_event")("violation", f, trigger, wall) for f in appeared]
+    out += [_events("finding_event")("resolved", f, trigger, wall) for f in cleared]
+    if scope is None:
+        state["last_full"] = now
+        out.append(_events("audit_event")(report, trigger, time.monotonic() - started, wall))
+    return out
