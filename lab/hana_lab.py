@@ -59,6 +59,7 @@ while :; do
 done
 """
 
+HOST_FROM_GUEST = "10.0.2.2"  # QEMU user networking's gateway: the host's loopback
 GUEST_ENV = f"""set -u
 export PATH={VENV_BIN}:/usr/sbin:/usr/bin:/sbin:/bin
 export LVM_SUPPRESS_FD_WARNINGS=1 PYTHONDONTWRITEBYTECODE=1
@@ -141,11 +142,13 @@ class Lab:
         boot_timeout=300,
         fresh=True,
         verbose=True,
+        network=False,
     ):
         self.disks, self.disk_size = disks, disk_size
         self.workdir = pathlib.Path(workdir).resolve()
         self.memory, self.cpus = memory, cpus
         self.boot_timeout, self.fresh, self.verbose = boot_timeout, fresh, verbose
+        self.network = network  # user-mode networking: the host is 10.0.2.2 from the guest
         self.shared = self.workdir / "shared"
         self.console = self.workdir / "console.log"
         self.proc = None
@@ -208,6 +211,7 @@ class Lab:
             "--overlay-rwdir",
             "/hana",
             f"--qemu-opts={drives}",
+            *(["--network", "user"] if self.network else []),
             "--exec",
             f"sh {self.shared}/agent.sh {self.shared}",
         ]
@@ -236,6 +240,14 @@ class Lab:
                 raise LabError(f"the VM did not come up within {self.boot_timeout}s; read {self.console}")
             time.sleep(0.5)
         say(f"VM up after {time.monotonic() - started:.0f}s")
+        if self.network:
+            self.run(
+                "i=0; until ip route | grep -q '^default'; do [ $i -gt 300 ] && exit 1; sleep 0.2; i=$((i+1)); "
+                "done",
+                check=True,
+                echo=False,
+                title="waiting for the guest's network (DHCP)",
+            )
         return self
 
     def stop(self):
@@ -393,6 +405,21 @@ class Lab:
         cmd = f"salt-call -c /run/salt/etc --out={out} --log-level=warning {args}"
         return self.run(cmd, check=check, title=title or f"salt-call {args}", timeout=timeout, echo=echo)
 
+    def start_minion(self, master_port, publish_port, minion_id="hana-lab"):
+        """A real salt-minion daemon in the guest, talking to a master on the host (10.0.2.2)."""
+        self.write(
+            "/run/salt/etc/minion",
+            DAEMON_CONFIG.format(
+                id=minion_id, master=HOST_FROM_GUEST, master_port=master_port, publish_port=publish_port
+            ),
+        )
+        self.run(
+            "salt-minion -c /run/salt/etc -d",
+            check=True,
+            echo=False,
+            title=f"starting salt-minion {minion_id}",
+        )
+
     def stop_salt(self):
         if (self.shared / "salt").is_dir():
             (self.shared / "salt" / "quit").touch()
@@ -434,6 +461,22 @@ module_dirs: [{repo}/_modules]
 states_dirs: [{repo}/_states]
 utils_dirs: [{repo}/_utils]
 beacons_dirs: [{repo}/_beacons]
+"""
+
+
+DAEMON_CONFIG = """id: {id}
+master: {master}
+master_port: {master_port}
+publish_port: {publish_port}
+root_dir: /  # the paths below are absolute: Salt prefixes them with root_dir
+pki_dir: /run/salt/pki
+cachedir: /run/salt/cache
+sock_dir: /run/salt/sock
+pidfile: /run/salt/minion.pid
+log_file: /run/salt/minion.log
+log_level_logfile: debug
+enable_fqdns_grains: false
+acceptance_wait_time: 2
 """
 
 

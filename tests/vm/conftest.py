@@ -14,7 +14,7 @@ from tests.conftest import REPO
 pytestmark = pytest.mark.vm
 
 
-def boot(request, disks=8, disk_size="2G", fresh=True):
+def boot(request, disks=8, disk_size="2G", fresh=True, **options):
     name = request.module.__name__.rsplit(".", 1)[-1]
     vm = Lab(
         disks=disks,
@@ -22,6 +22,7 @@ def boot(request, disks=8, disk_size="2G", fresh=True):
         workdir=REPO / "build" / "vm-tests" / name,
         fresh=fresh,
         verbose=request.config.getoption("verbose") > 0,
+        **options,
     )
     vm.start()
     request.addfinalizer(vm.stop)
