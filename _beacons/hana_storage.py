@@ -41,12 +41,16 @@ its data, so the master can tell which minion really sent it (Salt lets any mini
 """
 
 import base64
+import errno
 import logging
 import os
 import select
+import socket
+import threading
 import time
 
 import salt.crypt
+import salt.loader
 import salt.utils.beacons
 import salt.utils.platform
 
@@ -106,14 +110,35 @@ def validate(config):
     return True, "Valid beacon configuration"
 
 
+def _uevent_socket():
+    """A pyroute2 UeventSocket bound to the kernel group. Made in a thread of its own: pyroute2's
+    sync API runs an asyncio loop, which cannot nest in the minion's running one."""
+    made = {}
+
+    def make():
+        try:
+            made["socket"] = UeventSocket()
+            made["socket"].bind(groups=MONITOR_GROUP_KERNEL)
+        except Exception as error:  # noqa: BLE001 - handed to the caller below
+            made["error"] = error
+
+    thread = threading.Thread(target=make, name="hana_storage-uevents")
+    thread.start()
+    thread.join()
+    if "error" in made:
+        raise OSError(f"cannot bind a uevent socket: {made['error']}")
+    return made["socket"]
+
+
 class KernelWatch:
-    """Block uevents and mount-table changes, read without ever blocking."""
+    """Block uevents and mount-table changes, read without ever blocking.
+
+    pyroute2 binds the uevent socket (kernel group) and parses each datagram; the datagrams are
+    read here with MSG_DONTWAIT, because UeventSocket.get() waits for the next event.
+    """
 
     def __init__(self, uevents):
-        self.uevents = None
-        if uevents:
-            self.uevents = UeventSocket()
-            self.uevents.bind(groups=MONITOR_GROUP_KERNEL)
+        self.uevents = _uevent_socket() if uevents else None
         self.mountinfo = open("/proc/self/mountinfo", "rb")  # noqa: SIM115 - kept open across ticks
         self.poller = select.poll()
         self.poller.register(self.mountinfo, select.POLLPRI | select.POLLERR)
@@ -121,16 +146,20 @@ class KernelWatch:
     def drain(self):
         """(kernel names of block devices that changed, mount table changed?, events lost?)."""
         devices, lost = set(), False
-        while self.uevents is not None and select.select([self.uevents.fileno()], [], [], 0)[0]:
+        while self.uevents is not None:
             try:
-                for message in self.uevents.get():
-                    name = _events("uevent_device")(message)
-                    if name:
-                        devices.add(name)
-            except OSError as error:  # ENOBUFS: the kernel dropped events while nobody read
-                lost = True
-                log.warning("hana_storage beacon: uevents lost (%s); a full audit follows", error)
+                datagram = self.uevents.asyncore.socket.recv(65536, socket.MSG_DONTWAIT)
+            except BlockingIOError:
                 break
+            except OSError as error:
+                if error.errno != errno.ENOBUFS:
+                    raise
+                lost = True  # the kernel dropped events nobody read in time
+                log.warning("hana_storage beacon: uevents lost; a full audit follows")
+            for message in self.uevents.marshal.parse(datagram):
+                name = _events("uevent_device")(message)
+                if name:
+                    devices.add(name)
         mounts_changed = bool(self.poller.poll(0))
         if mounts_changed:
             self.mountinfo.seek(0)
@@ -139,12 +168,19 @@ class KernelWatch:
 
     def close(self):
         if self.uevents is not None:
-            self.uevents.close()
+            self.uevents.asyncore.socket.close()
         self.mountinfo.close()
 
 
+def _utils():
+    """The formula's pure code: the beacon loader packs no __utils__, so the beacon loads them once."""
+    if "hana_storage.utils" not in __context__:
+        __context__["hana_storage.utils"] = salt.loader.utils(__opts__)
+    return __context__["hana_storage.utils"]
+
+
 def _events(name):
-    return __utils__[f"hana_storage_events.{name}"]
+    return _utils()[f"hana_storage_events.{name}"]
 
 
 def _state():
@@ -182,7 +218,7 @@ def _emit(state, events):
 
 def _read_mounts():
     with open("/proc/self/mountinfo", encoding="utf-8") as handle:
-        return __utils__["hana_storage_tab.parse_mountinfo"](handle.read())
+        return _utils()["hana_storage_tab.parse_mountinfo"](handle.read())
 
 
 def beacon(config):

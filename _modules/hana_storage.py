@@ -7,6 +7,8 @@ reached through ``__utils__``; this module only gathers facts from the host: sys
 devices. Nothing here writes to a device.
 """
 
+import copy
+import hashlib
 import json
 import logging
 import os
@@ -154,11 +156,24 @@ def settings(pillar=None, host_checks=True):
 
         salt '*' hana_storage.settings
     """
+    if not host_checks:
+        # depends on the pillar alone: worked out once per pillar (a state run renders many SLS)
+        config, errors = _merged(pillar)
+        digest = hashlib.sha256(
+            json.dumps([config, errors], sort_keys=True, default=str).encode()
+        ).hexdigest()
+        cached = __context__.get("hana_storage.plan")
+        if cached and cached[0] == digest:
+            return copy.deepcopy(cached[1])
     errors = validate_pillar(pillar, host_checks=host_checks)
     if errors:
-        return {"valid": False, "errors": errors, "config": None}
-    config, _ = _merged(pillar)
-    return {"valid": True, "errors": [], "config": _util("pillar.normalize")(config)}
+        result = {"valid": False, "errors": errors, "config": None}
+    else:
+        config, _ = _merged(pillar)
+        result = {"valid": True, "errors": [], "config": _util("pillar.normalize")(config)}
+    if not host_checks:
+        __context__["hana_storage.plan"] = (digest, copy.deepcopy(result))
+    return result
 
 
 def _plan(pillar=None):
@@ -603,3 +618,107 @@ def probe(devices, key_file=None):
         if "xfs" in types:
             result["xfs"] = _superblock_of(name)
     return probes
+
+
+# ---- remediation -----------------------------------------------------------------------------
+
+
+def _fix_state(plan, finding):
+    """(state function, kwargs) that repairs an auto finding: the very state the SLS uses."""
+    volume = plan["volumes"][finding["volume"]]
+    key_file = volume["key"]["file"]
+    crypt = next((c for c in volume["crypt"] if finding["device"] == f"/dev/mapper/{c['name']}"), None)
+    rule = finding["rule"]
+    if rule in ("HANA-PERF-002", "HANA-PERF-003", "HANA-PERF-004") and crypt:
+        return "hana_storage.luks_opened", {
+            "name": crypt["name"],
+            "device": crypt["device"],
+            "key_file": key_file,
+            "flags": plan["luks"]["dm_flags"],
+        }
+    if rule == "HANA-PERSIST-001" and crypt:
+        return "hana_storage.crypttab_present", {
+            "name": crypt["name"],
+            "device": crypt["device"],
+            "key_file": key_file,
+            "options": volume["crypttab_options"],
+        }
+    if rule == "HANA-PERSIST-002":
+        return "hana_storage.mounted", {
+            "name": volume["mountpoint"],
+            "device": volume["fs_device"],
+            "options": volume["mount_options"],
+            "fstab_options": volume["fstab_options"],
+        }
+    if rule == "HANA-KEY-001":
+        return "hana_storage.key_present", {
+            "name": key_file,
+            "source": volume["key"]["source"],
+            "pillar": volume["key"]["pillar"],
+        }
+    return None, None
+
+
+def remediate(rules=None, pillar=None):
+    """
+    Apply the safe fixes, and only those: dm-crypt flags (``cryptsetup refresh --persistent``),
+    crypttab, fstab and live mount options, key file mode. Never formats, opens, closes or
+    unmounts anything. Works from this minion's own audit, for rules that are ``auto`` in the
+    rule table and listed in ``hana:storage:compliance:remediation:rules``.
+
+    rules
+        Only these rule IDs (a list or comma-separated); default: every allowed rule.
+
+    Returns ``{"result", "fixed", "failed", "skipped", "remaining"}``.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' hana_storage.remediate
+        salt '*' hana_storage.remediate rules=HANA-PERF-002
+    """
+    plan = _plan(pillar)
+    policy = plan["compliance"]["remediation"]
+    table = _util("rules.rule_table")()
+    wanted = set(rules.split(",") if isinstance(rules, str) else rules or table)
+    report = _util("rules.audit")(plan, _facts(plan))
+    fixed, failed, skipped = [], [], []
+    done = set()
+    for finding in report["findings"]:
+        rule, device = finding["rule"], finding["device"]
+        entry = {"rule": rule, "volume": finding["volume"], "device": device}
+        if rule not in wanted:
+            continue
+        if table[rule]["remediation"] != "auto":
+            skipped.append({**entry, "reason": "manual rule: never remediated automatically"})
+            continue
+        if not policy.get("enabled", True) or rule not in policy.get("rules", []):
+            skipped.append({**entry, "reason": "not allowed by hana:storage:compliance:remediation"})
+            continue
+        volume = report["volumes"][finding["volume"]]
+        if rule == "HANA-PERSIST-002" and not volume["mounted"]:
+            skipped.append({**entry, "reason": "volume not mounted (HANA-MOUNT-001 is manual)"})
+            continue
+        fun, kwargs = _fix_state(plan, finding)
+        if fun is None:
+            skipped.append({**entry, "reason": "no safe fix for this device"})
+            continue
+        if (fun, kwargs["name"]) in done:
+            fixed.append({**entry, "changes": "fixed with an earlier finding"})
+            continue
+        done.add((fun, kwargs["name"]))
+        ret = __salt__["state.single"](fun, queue=True, **kwargs)
+        state = (
+            next(iter(ret.values())) if isinstance(ret, dict) and ret else {"result": False, "comment": ret}
+        )
+        if state.get("result") is True:
+            fixed.append({**entry, "changes": state.get("changes", {}), "comment": state.get("comment")})
+        else:
+            failed.append({**entry, "comment": state.get("comment")})
+    after = _util("rules.audit")(plan, _facts(plan)) if fixed else report
+    remaining = [f for f in after["findings"] if f["rule"] in wanted]
+    result = not failed
+    if not result:
+        __context__["retcode"] = 1
+    return {"result": result, "fixed": fixed, "failed": failed, "skipped": skipped, "remaining": remaining}

@@ -95,6 +95,7 @@ def audit_event(report, trigger, seconds, now):
         },
         "findings": len(report["findings"]),
         "by_rule": by_rule,
+        "open": {finding_key(f): f["severity"] for f in report["findings"]},
         "trigger": trigger,
         "seconds": round(seconds, 3),
         "ts": now,

@@ -30,6 +30,13 @@ RULES = {
     "HANA-KEY-001": ("high", "auto", "key file readable by others than root"),
     "HANA-MOUNT-001": ("high", "manual", "a HANA mountpoint is not mounted"),
 }
+
+
+def rule_table():
+    """{rule: {severity, remediation, title}}: what the master trusts, not what an event claims."""
+    return {rule: {"severity": s, "remediation": r, "title": t} for rule, (s, r, t) in RULES.items()}
+
+
 PERF_FLAGS = ("no_read_workqueue", "no_write_workqueue")
 KDF_STRENGTH = {"pbkdf2": 0, "argon2i": 1, "argon2id": 2}
 # crypttab options the formula decides on; others an admin adds are left alone

@@ -12,3 +12,4 @@ include:
   - .crypttab
   - .filesystem
   - .mount
+  - .compliance

@@ -1,0 +1,183 @@
+"""
+Prometheus exporter for HANA storage compliance, on the master's event bus.
+
+Listens to the hana_storage beacon's events (``salt/beacon/<minion>/hana_storage/...``) and the
+triage runner's (``hana/storage/...``) and serves, on ``http://<bind>:<port>/metrics``:
+
+=============================================== ==================================================
+``hana_storage_compliant{minion,volume}``       1 when the volume passes every rule, else 0
+``hana_storage_findings{minion,rule,severity}`` findings open now
+``hana_storage_violations_total{...}``          findings that appeared (minion, rule, severity)
+``hana_storage_resolved_total{minion,rule}``    findings that cleared
+``hana_storage_remediations_total{...}``        remediations run (minion, rule, result)
+``hana_storage_alerts_total{minion,rule}``      alerts raised for manual rules
+``hana_storage_rejected_events_total{reason}``  events whose sender could not be verified
+``hana_storage_last_audit_timestamp_seconds``   when the minion's last full audit ran
+``hana_storage_events_total{event}``            events processed, per kind
+=============================================== ==================================================
+
+Beacon events count only when the minion's signature verifies (the runner's ``verify``), so a
+minion cannot make another one look compliant.
+
+.. code-block:: yaml
+
+    engines:
+      - hana_storage_exporter:
+          bind: 127.0.0.1     # loopback by default; put a reverse proxy in front to expose it
+          port: 9723
+          verify_signatures: true
+"""
+
+import logging
+
+import salt.utils.event
+
+try:
+    import prometheus_client
+
+    HAS_PROMETHEUS = True
+except ImportError:
+    HAS_PROMETHEUS = False
+
+log = logging.getLogger(__name__)
+
+__virtualname__ = "hana_storage_exporter"
+
+BEACON_PREFIX = "salt/beacon/"
+RUNNER_PREFIX = "hana/storage/"
+
+
+def __virtual__():
+    if not HAS_PROMETHEUS:
+        return False, "hana_storage_exporter needs the prometheus_client Python package on the master"
+    return __virtualname__
+
+
+class Metrics:
+    """The exporter's state: open findings per minion, and the Prometheus series they drive."""
+
+    def __init__(self, registry):
+        gauge, counter = prometheus_client.Gauge, prometheus_client.Counter
+        self.compliant = gauge(
+            "hana_storage_compliant",
+            "1 when the volume passes every rule, 0 when not",
+            ["minion", "volume"],
+            registry=registry,
+        )
+        self.findings = gauge(
+            "hana_storage_findings", "Findings open now", ["minion", "rule", "severity"], registry=registry
+        )
+        self.violations = counter(
+            "hana_storage_violations",
+            "Findings that appeared",
+            ["minion", "rule", "severity"],
+            registry=registry,
+        )
+        self.resolved = counter(
+            "hana_storage_resolved", "Findings that cleared", ["minion", "rule"], registry=registry
+        )
+        self.remediations = counter(
+            "hana_storage_remediations", "Remediations run", ["minion", "rule", "result"], registry=registry
+        )
+        self.alerts = counter(
+            "hana_storage_alerts", "Alerts raised for manual rules", ["minion", "rule"], registry=registry
+        )
+        self.rejected = counter(
+            "hana_storage_rejected_events",
+            "Events whose sender could not be verified",
+            ["reason"],
+            registry=registry,
+        )
+        self.last_audit = gauge(
+            "hana_storage_last_audit_timestamp_seconds",
+            "When the last full audit ran",
+            ["minion"],
+            registry=registry,
+        )
+        self.events = counter("hana_storage_events", "Events processed", ["event"], registry=registry)
+        self.open = {}  # minion -> {finding key: (volume, rule, severity)}
+        self.volumes = {}  # minion -> volumes seen
+        self.series = {}  # minion -> (rule, severity) label pairs exported
+
+    def audit(self, minion, data):
+        self.volumes[minion] = set(data.get("volumes", {}))
+        self.open[minion] = {
+            key: (key.split("|")[1], key.split("|")[0], severity)
+            for key, severity in (data.get("open") or {}).items()
+        }
+        self.last_audit.labels(minion).set(float(data.get("ts") or 0))
+        self._refresh(minion)
+
+    def violation(self, minion, data):
+        self.violations.labels(minion, data["rule"], data.get("severity", "unknown")).inc()
+        self.open.setdefault(minion, {})[data["key"]] = (data["volume"], data["rule"], data.get("severity"))
+        self.volumes.setdefault(minion, set()).add(data["volume"])
+        self._refresh(minion)
+
+    def clear(self, minion, data):
+        self.resolved.labels(minion, data["rule"]).inc()
+        self.open.setdefault(minion, {}).pop(data["key"], None)
+        self._refresh(minion)
+
+    def _refresh(self, minion):
+        open_findings = self.open.get(minion, {}).values()
+        failing = {volume for volume, _rule, _severity in open_findings}
+        for volume in self.volumes.get(minion, ()):
+            self.compliant.labels(minion, volume).set(0 if volume in failing else 1)
+        counts = {}
+        for _volume, rule, severity in open_findings:
+            counts[(rule, severity)] = counts.get((rule, severity), 0) + 1
+        for labels in self.series.get(minion, set()) | set(counts):
+            self.findings.labels(minion, *labels).set(counts.get(labels, 0))
+        self.series[minion] = self.series.get(minion, set()) | set(counts)
+
+
+def handle(metrics, tag, data, verify=None):
+    """Update ``metrics`` from one event; ``verify(tag, data)`` returns None or why to reject it."""
+    if tag.startswith(BEACON_PREFIX):
+        minion, event = __utils__["hana_storage_events.minion_of_tag"](tag)
+        if minion is None:
+            return
+        problem = verify(tag, data) if verify else None
+        if problem:
+            metrics.rejected.labels(problem["code"]).inc()
+            return
+        metrics.events.labels(event).inc()
+        if event == "audit":
+            metrics.audit(minion, data)
+        elif event == "violation":
+            metrics.violation(minion, data)
+        elif event == "resolved":
+            metrics.clear(minion, data)
+    elif tag.startswith(RUNNER_PREFIX):
+        event = tag[len(RUNNER_PREFIX) :]
+        metrics.events.labels(event).inc()
+        if event == "remediation":
+            metrics.remediations.labels(data["minion"], data["rule"], data["result"]).inc()
+        elif event == "alert":
+            metrics.alerts.labels(data["minion"], data["rule"]).inc()
+
+
+def start(bind="127.0.0.1", port=9723, verify_signatures=True):
+    """
+    Serve the metrics and follow the master's event bus until the master stops.
+    """
+    registry = prometheus_client.CollectorRegistry()
+    metrics = Metrics(registry)
+    prometheus_client.start_http_server(int(port), addr=bind, registry=registry)
+    log.info("hana_storage_exporter: serving metrics on http://%s:%s/metrics", bind, port)
+    verify = __runners__["hana_storage.verify"] if verify_signatures else None
+    with salt.utils.event.get_master_event(__opts__, __opts__["sock_dir"], listen=True) as bus:
+        while True:
+            event = bus.get_event(full=True, wait=5)
+            if not event or not isinstance(event.get("data"), dict):
+                continue
+            tag = event["tag"]
+            if not (
+                tag.startswith(RUNNER_PREFIX) or (tag.startswith(BEACON_PREFIX) and "/hana_storage/" in tag)
+            ):
+                continue
+            try:
+                handle(metrics, tag, event["data"], verify)
+            except (KeyError, TypeError, ValueError) as error:
+                log.warning("hana_storage_exporter: malformed event %s: %s", tag, error)

@@ -1,0 +1,354 @@
+"""Beacon, triage runner and exporter logic, with the Salt loader's dunders filled in by hand.
+
+The real thing (daemons, kernel events, reactor) runs in tests/vm/test_events.py; here: the
+event bookkeeping, signatures and forgeries, cooldowns and the metrics arithmetic.
+"""
+
+import importlib.util
+import time
+
+import hana_storage_events as events
+import hana_storage_rules as rules
+import hana_storage_tab as tab
+import pytest
+import salt.crypt
+from prometheus_client import CollectorRegistry, generate_latest
+
+from tests.conftest import REPO
+
+
+def load(path, name):
+    spec = importlib.util.spec_from_file_location(name, REPO / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+UTILS = {f"hana_storage_events.{n}": getattr(events, n) for n in dir(events) if not n.startswith("_")}
+UTILS |= {f"hana_storage_rules.{n}": getattr(rules, n) for n in dir(rules) if not n.startswith("_")}
+UTILS |= {f"hana_storage_tab.{n}": getattr(tab, n) for n in dir(tab) if not n.startswith("_")}
+
+
+def finding(rule="HANA-PERF-002", volume="data", device="/dev/mapper/hana_data"):
+    severity, remediation, _ = rules.RULES[rule]
+    return {
+        "rule": rule,
+        "severity": severity,
+        "volume": volume,
+        "mountpoint": f"/hana/{volume}",
+        "device": device,
+        "expected": ["a"],
+        "actual": [],
+        "remediation": remediation,
+        "message": "m",
+    }
+
+
+# ---- findings bookkeeping --------------------------------------------------------------------------
+
+
+def test_diff_reports_appear_and_clear_once():
+    known, appeared, cleared = events.diff_findings({}, [finding()], None)
+    assert [f["rule"] for f in appeared] == ["HANA-PERF-002"] and cleared == []
+    known, appeared, cleared = events.diff_findings(known, [finding()], None)
+    assert appeared == [] and cleared == []  # unchanged: never repeated
+    known, appeared, cleared = events.diff_findings(known, [], None)
+    assert appeared == [] and [f["rule"] for f in cleared] == ["HANA-PERF-002"]
+    assert known == {}
+
+
+def test_diff_of_a_partial_audit_keeps_other_volumes():
+    known, _, _ = events.diff_findings({}, [finding(), finding("HANA-ENC-001", "log", "/dev/vdb")], None)
+    known, appeared, cleared = events.diff_findings(known, [], {"data"})
+    assert [f["volume"] for f in cleared] == ["data"] and appeared == []
+    assert list(known) == ["HANA-ENC-001|log|/dev/vdb"]
+
+
+def test_uevents_map_to_volumes():
+    assert events.uevent_device({"ACTION": "change", "SUBSYSTEM": "block", "DEVNAME": "dm-3"}) == "dm-3"
+    assert events.uevent_device({"ACTION": "add", "SUBSYSTEM": "module", "DEVPATH": "/module/xor"}) is None
+    assert (
+        events.uevent_device(
+            {"ACTION": "remove", "SUBSYSTEM": "block", "DEVPATH": "/devices/virtual/block/dm-7"}
+        )
+        == "dm-7"
+    )
+    watched = {"data": ["dm-1", "dm-0", "vda", "vdb"], "log": ["dm-4", "vdc"]}
+    assert events.affected_volumes({"dm-0", "sda"}, watched) == ["data"]
+    assert events.affected_volumes({"sda"}, watched) == []
+
+
+def test_mount_changes_name_the_mountpoints():
+    before = {"/hana/data": ("253:1", ("rw",))}
+    after = {"/hana/data": ("253:1", ("rw",)), "/hana/shared": ("254:48", ("rw",))}
+    assert events.changed_mountpoints(before, after) == ["/hana/shared"]
+    assert events.changed_mountpoints(after, after) == []
+
+
+def test_tags():
+    assert events.minion_of_tag("salt/beacon/db1/hana_storage/violation") == ("db1", "violation")
+    assert events.minion_of_tag("salt/beacon/db1/other/violation") == (None, None)
+    assert events.minion_of_tag("salt/beacon//hana_storage/violation") == (None, None)
+
+
+# ---- the beacon --------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def beacon(tmp_path):
+    module = load("_beacons/hana_storage.py", "beacon_under_test")
+    module.__context__ = {"hana_storage.utils": UTILS}
+    module.__opts__ = {"id": "db1", "pki_dir": str(tmp_path)}
+    module.audits = []
+    report = {
+        "compliant": True,
+        "findings": [],
+        "volumes": {
+            "data": {
+                "mountpoint": "/hana/data",
+                "stack": ["dm-1", "dm-0", "vda"],
+                "disks": ["vda"],
+                "compliant": True,
+                "rules": [],
+            }
+        },
+    }
+    module.report = report
+
+    def audit(volumes=None):
+        module.audits.append(volumes)
+        return module.report
+
+    module.__salt__ = {"hana_storage.audit": audit}
+
+    class Watch:
+        queued = []
+
+        def drain(self):
+            return self.queued.pop(0) if self.queued else (set(), False, False)
+
+    module.watch = Watch()
+    module.__context__["hana_storage.beacon"] = None
+    module.__context__.pop("hana_storage.beacon")
+    module._state()["watch"] = module.watch
+    module._read_mounts = lambda: []
+    return module
+
+
+def test_beacon_validate_messages(beacon):
+    assert beacon.validate([{"interval": 5}, {"full_audit_interval": 60}]) == (
+        True,
+        "Valid beacon configuration",
+    )
+    ok, message = beacon.validate({"interval": 5})
+    assert not ok and "must be a list" in message
+    ok, message = beacon.validate([{"full_audit_interval": 5}])
+    assert not ok and "full_audit_interval must be an integer of at least 10" in message
+    ok, message = beacon.validate([{"colour": "red"}])
+    assert not ok and "unknown setting(s) colour" in message
+    ok, message = beacon.validate([{"interval": 60}, {"full_audit_interval": 30}])
+    assert not ok and "must not be shorter than interval" in message
+
+
+def test_beacon_full_audit_then_idle_then_uevent(beacon):
+    config = [{"full_audit_interval": 3600}]
+    first = beacon.beacon(config)
+    assert [e["tag"] for e in first] == ["audit"] and beacon.audits == [None]
+    assert first[0]["sig"] is None  # no minion key in this test: unsigned
+    assert beacon.beacon(config) == [] and beacon.audits == [None]  # idle: no audit at all
+    beacon.watch.queued.append(({"dm-0"}, False, False))
+    beacon.report["findings"] = [finding()]
+    out = beacon.beacon(config)
+    assert beacon.audits[-1] == ["data"]
+    assert [(e["tag"], e["rule"], e["trigger"]) for e in out] == [("violation", "HANA-PERF-002", "uevent")]
+    beacon.watch.queued.append(({"dm-0"}, False, False))
+    assert beacon.beacon(config) == []  # still there: not repeated
+    beacon.watch.queued.append(({"vda"}, False, False))
+    beacon.report["findings"] = []
+    assert [e["tag"] for e in beacon.beacon(config)] == ["resolved"]
+    beacon.watch.queued.append(({"sdz"}, False, False))
+    assert beacon.beacon(config) == [] and len(beacon.audits) == 4  # not a HANA device: no audit
+
+
+def test_beacon_lost_events_force_a_full_audit(beacon):
+    beacon.beacon([])
+    beacon.watch.queued.append((set(), False, True))
+    assert [e["tag"] for e in beacon.beacon([])] == ["audit"]
+
+
+def test_beacon_reports_an_audit_error_once(beacon):
+    def broken(volumes=None):
+        raise ValueError("dmsetup table failed")
+
+    beacon.__salt__["hana_storage.audit"] = broken
+    assert [e["tag"] for e in beacon.beacon([])] == ["error"]
+    beacon.__context__["hana_storage.beacon"]["last_full"] = None
+    assert beacon.beacon([]) == []
+
+
+# ---- signatures and triage -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def pki(tmp_path):
+    """A master's pki dir with two accepted minions, db1 and db2 (their private keys beside)."""
+    (tmp_path / "minions").mkdir()
+    for minion in ("db1", "db2"):
+        private, public = salt.crypt.gen_keys(2048)
+        (tmp_path / f"{minion}.pem").write_text(private)
+        (tmp_path / "minions" / minion).write_text(public)
+    return tmp_path
+
+
+def signed(pki, minion, data, age=0):
+    data = {**data, "ts": time.time() - age}
+    key = salt.crypt.PrivateKey.from_file(str(pki / f"{minion}.pem"))
+    import base64
+
+    data["sig"] = base64.b64encode(
+        key.sign(events.signed_bytes(minion, "violation", data), salt.crypt.PKCS1v15_SHA224)
+    ).decode()
+    return data
+
+
+@pytest.fixture
+def runner(pki):
+    module = load("_runners/hana_storage.py", "runner_under_test")
+    module.__opts__ = {"pki_dir": str(pki), "hana_storage": {"cooldown": 300}, "minion_id_lowercase": False}
+    module.__utils__ = UTILS
+    module.fired, module.orchestrations = [], []
+    module._fire = lambda tag, data: module.fired.append((tag, data))
+
+    def orchestrate(mods, pillar):
+        module.orchestrations.append(pillar["hana_storage_remediation"])
+        minion = pillar["hana_storage_remediation"]["minion"]
+        return {
+            "data": {
+                "master": {
+                    "salt_|-x_|-x_|-function": {
+                        "result": True,
+                        "changes": {
+                            "ret": {
+                                minion: {
+                                    "result": True,
+                                    "fixed": [{"rule": "HANA-PERF-002"}],
+                                    "failed": [],
+                                    "skipped": [],
+                                }
+                            }
+                        },
+                    }
+                }
+            }
+        }
+
+    module.__salt__ = {"state.orchestrate": orchestrate}
+    module._LAST_ACTION.clear()
+    return module
+
+
+def test_genuine_violation_is_remediated_on_its_sender_only(runner, pki):
+    data = signed(pki, "db1", {"tag": "violation", **finding()})
+    result = runner.triage("salt/beacon/db1/hana_storage/violation", data)
+    assert result["action"] == "remediated"
+    assert runner.orchestrations == [{"minion": "db1", "rules": ["HANA-PERF-002"]}]
+    assert runner.fired[-1][0] == "hana/storage/remediation" and runner.fired[-1][1]["result"] == "fixed"
+
+
+def test_forgeries_are_rejected(runner, pki):
+    genuine = signed(pki, "db1", {"tag": "violation", **finding()})
+    cases = {
+        "names another minion": ("salt/beacon/db2/hana_storage/violation", genuine, "bad_signature"),
+        "unsigned": ("salt/beacon/db1/hana_storage/violation", {**genuine, "sig": None}, "unsigned"),
+        "tampered rule": (
+            "salt/beacon/db1/hana_storage/violation",
+            {**genuine, "rule": "HANA-KEY-001"},
+            "bad_signature",
+        ),
+        "unknown minion": ("salt/beacon/ghost/hana_storage/violation", genuine, "unknown_minion"),
+        "glob as id": ("salt/beacon/*/hana_storage/violation", genuine, "unknown_minion"),
+        "garbage signature": (
+            "salt/beacon/db1/hana_storage/violation",
+            {**genuine, "sig": "@@"},
+            "bad_signature",
+        ),
+    }
+    for name, (tag, data, code) in cases.items():
+        result = runner.triage(tag, data)
+        assert result["action"] == "rejected" and result["code"] == code, name
+    replayed = signed(pki, "db1", {"tag": "violation", **finding()}, age=3600)
+    assert runner.verify("salt/beacon/db1/hana_storage/violation", replayed)["code"] == "stale"
+    assert runner.orchestrations == []
+
+
+def test_manual_rule_claimed_auto_only_alerts(runner, pki):
+    data = signed(pki, "db1", {"tag": "violation", **finding("HANA-ENC-001"), "remediation": "auto"})
+    assert runner.triage("salt/beacon/db1/hana_storage/violation", data)["action"] == "alerted"
+    assert runner.orchestrations == [] and runner.fired[-1][0] == "hana/storage/alert"
+
+
+def test_flood_gets_one_action_per_minion_and_rule(runner, pki):
+    data = signed(pki, "db1", {"tag": "violation", **finding()})
+    actions = [runner.triage("salt/beacon/db1/hana_storage/violation", data)["action"] for _ in range(2000)]
+    assert actions.count("remediated") == 1 and actions.count("cooldown") == 1999
+    other = signed(pki, "db2", {"tag": "violation", **finding()})
+    assert runner.triage("salt/beacon/db2/hana_storage/violation", other)["action"] == "remediated"
+
+
+# ---- the exporter ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def exporter():
+    module = load("_engines/hana_storage_exporter.py", "exporter_under_test")
+    module.__utils__ = UTILS
+    registry = CollectorRegistry()
+    return module, module.Metrics(registry), registry
+
+
+def test_exporter_follows_findings(exporter):
+    module, metrics, registry = exporter
+    audit = events.audit_event(
+        {
+            "compliant": True,
+            "findings": [],
+            "volumes": {"data": {"compliant": True, "rules": [], "mountpoint": "/hana/data"}},
+        },
+        "full",
+        0.1,
+        1000.0,
+    )
+    module.handle(metrics, "salt/beacon/db1/hana_storage/audit", audit)
+    violation = events.finding_event("violation", finding(), "uevent", 1001.0)
+    module.handle(metrics, "salt/beacon/db1/hana_storage/violation", violation)
+    text = generate_latest(registry).decode()
+    assert 'hana_storage_compliant{minion="db1",volume="data"} 0.0' in text
+    assert 'hana_storage_findings{minion="db1",rule="HANA-PERF-002",severity="medium"} 1.0' in text
+    assert 'hana_storage_violations_total{minion="db1",rule="HANA-PERF-002",severity="medium"} 1.0' in text
+    module.handle(
+        metrics,
+        "salt/beacon/db1/hana_storage/resolved",
+        events.finding_event("resolved", finding(), "uevent", 1002.0),
+    )
+    module.handle(
+        metrics, "hana/storage/remediation", {"minion": "db1", "rule": "HANA-PERF-002", "result": "fixed"}
+    )
+    text = generate_latest(registry).decode()
+    assert 'hana_storage_compliant{minion="db1",volume="data"} 1.0' in text
+    assert 'hana_storage_findings{minion="db1",rule="HANA-PERF-002",severity="medium"} 0.0' in text
+    assert 'hana_storage_remediations_total{minion="db1",result="fixed",rule="HANA-PERF-002"} 1.0' in text
+    assert 'hana_storage_last_audit_timestamp_seconds{minion="db1"} 1000.0' in text
+
+
+def test_exporter_ignores_rejected_senders(exporter):
+    module, metrics, registry = exporter
+    violation = events.finding_event("violation", finding(), "uevent", 1.0)
+    module.handle(
+        metrics,
+        "salt/beacon/db1/hana_storage/violation",
+        violation,
+        verify=lambda tag, data: {"code": "bad_signature", "reason": "x"},
+    )
+    text = generate_latest(registry).decode()
+    assert 'hana_storage_rejected_events_total{reason="bad_signature"} 1.0' in text
+    assert "hana_storage_violations_total{" not in text
