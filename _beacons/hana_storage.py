@@ -8,6 +8,8 @@ Watches the kernel and audits only what it touches:
   re-audits that volume;
 * mount-table changes (the kernel flags ``/proc/self/mountinfo`` with POLLPRI; a mount sends no
   uevent): a HANA mountpoint mounted, unmounted or remounted re-audits that volume;
+* a second audit of the same volumes a couple of seconds after such an event, for changes that
+  complete after the event (a LUKS2 header written after the table reload);
 * a full audit every ``full_audit_interval`` seconds, the safety net for lost events.
 
 An idle tick polls two file descriptors and returns: no subprocess, no device read.
@@ -71,6 +73,7 @@ DEFAULTS = {"interval": 10, "full_audit_interval": 300, "uevents": True}
 SALT_KEYS = {"interval", "disable_during_state_run", "run_once", "beacon_module", "enabled"}
 CONTEXT = "hana_storage.beacon"
 SIGNING = salt.crypt.PKCS1v15_SHA224
+SETTLE_SECONDS = 2  # after a kernel event, audit its volumes once more this much later
 
 
 def __virtual__():
@@ -111,14 +114,19 @@ def validate(config):
 
 
 def _uevent_socket():
-    """A pyroute2 UeventSocket bound to the kernel group. Made in a thread of its own: pyroute2's
-    sync API runs an asyncio loop, which cannot nest in the minion's running one."""
+    """(pyroute2 UeventSocket bound to the kernel group, its bound datagram socket).
+
+    Made in a thread of its own: pyroute2's sync API runs an asyncio loop, which cannot nest in
+    the minion's running one. The socket object is taken in that thread too: pyroute2 keeps it
+    per thread, and another thread asking for it gets a fresh, unbound one.
+    """
     made = {}
 
     def make():
         try:
-            made["socket"] = UeventSocket()
-            made["socket"].bind(groups=MONITOR_GROUP_KERNEL)
+            uevents = UeventSocket()
+            uevents.bind(groups=MONITOR_GROUP_KERNEL)
+            made["uevents"], made["socket"] = uevents, uevents.asyncore.socket
         except Exception as error:  # noqa: BLE001 - handed to the caller below
             made["error"] = error
 
@@ -127,7 +135,9 @@ def _uevent_socket():
     thread.join()
     if "error" in made:
         raise OSError(f"cannot bind a uevent socket: {made['error']}")
-    return made["socket"]
+    if made["socket"].getsockname()[1] != MONITOR_GROUP_KERNEL:
+        raise OSError(f"uevent socket bound to {made['socket'].getsockname()}, not the kernel group")
+    return made["uevents"], made["socket"]
 
 
 class KernelWatch:
@@ -138,7 +148,7 @@ class KernelWatch:
     """
 
     def __init__(self, uevents):
-        self.uevents = _uevent_socket() if uevents else None
+        self.uevents, self.socket = _uevent_socket() if uevents else (None, None)
         self.mountinfo = open("/proc/self/mountinfo", "rb")  # noqa: SIM115 - kept open across ticks
         self.poller = select.poll()
         self.poller.register(self.mountinfo, select.POLLPRI | select.POLLERR)
@@ -148,7 +158,7 @@ class KernelWatch:
         devices, lost = set(), False
         while self.uevents is not None:
             try:
-                datagram = self.uevents.asyncore.socket.recv(65536, socket.MSG_DONTWAIT)
+                datagram = self.socket.recv(65536, socket.MSG_DONTWAIT)
             except BlockingIOError:
                 break
             except OSError as error:
@@ -167,8 +177,8 @@ class KernelWatch:
         return devices, mounts_changed, lost
 
     def close(self):
-        if self.uevents is not None:
-            self.uevents.asyncore.socket.close()
+        if self.socket is not None:
+            self.socket.close()
         self.mountinfo.close()
 
 
@@ -195,6 +205,7 @@ def _state():
             "mounts": {},  # mountpoint -> (dev, options) as last seen
             "error": None,
             "key": None,
+            "settle": None,  # (volumes, trigger, when): the re-audit after a kernel event
         },
     )
 
@@ -245,6 +256,7 @@ def beacon(config):
     now = time.monotonic()
     full = lost or state["last_full"] is None or now - state["last_full"] >= config["full_audit_interval"]
     scope, trigger = None, "full"
+    settle = state["settle"]
     if not full:
         scope = set(_events("affected_volumes")(devices, state["watched"]))
         if mounts_changed:
@@ -252,9 +264,18 @@ def beacon(config):
             changed = set(_events("changed_mountpoints")(state["mounts"], view))
             scope |= {v for v, point in state["mountpoints"].items() if point in changed}
             state["mounts"] = view
-        if not scope:
-            return []  # the idle tick: nothing happened that touches a HANA volume
         trigger = "uevent" if devices else "mount"
+        if scope:
+            # audit again once things settle: a tool may write the LUKS header after the
+            # table reload that raised the uevent (cryptsetup refresh --persistent does)
+            state["settle"] = (scope | (settle[0] if settle else set()), trigger, now + SETTLE_SECONDS)
+        elif settle and now >= settle[2]:
+            scope, trigger = settle[:2]
+            state["settle"] = None
+        else:
+            return []  # the idle tick: nothing happened that touches a HANA volume
+    else:
+        state["settle"] = None
     return _emit(state, _audit(state, scope, trigger, now))
 
 
