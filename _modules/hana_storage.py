@@ -1,10 +1,11 @@
 """Inspect, audit and validate encrypted SAP HANA storage.
 
 Interfaces (stable): ``settings``, ``validate_pillar``, ``inspect``, ``luks_header``,
-``dm_tables``, ``audit``, ``probe``. Pure logic lives in ``_utils/hana_storage_*`` and is
-reached through ``__utils__``; this module only gathers facts from the host: sysfs, one
-`dmsetup table`, one `lvs`, and LUKS headers and XFS superblocks read straight from the
-devices. Nothing here writes to a device.
+``dm_tables``, ``audit``, ``probe``, ``remediate``, ``io_check``. Pure logic lives in
+``_utils/hana_storage_*`` and is reached through ``__utils__``; this module only gathers facts
+from the host: sysfs, one `dmsetup table`, one `lvs`, and LUKS headers and XFS superblocks read
+straight from the devices. Nothing here writes to a device: ``remediate`` goes through the
+formula's states, ``io_check`` writes one test file on a mounted volume.
 """
 
 import copy
@@ -722,3 +723,90 @@ def remediate(rules=None, pillar=None):
     if not result:
         __context__["retcode"] = 1
     return {"result": result, "fixed": fixed, "failed": failed, "skipped": skipped, "remaining": remaining}
+
+
+# ---- the HANA I/O check ----------------------------------------------------------------------
+
+IO_CHECK_FILE = ".hana_storage_io_check"
+SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def _size_bytes(size):
+    text = str(size).strip().upper().removesuffix("B").removesuffix("I")
+    number, unit = (text[:-1], text[-1]) if text[-1:] in SIZE_UNITS else (text, "")
+    if not number.isdigit() or int(number) <= 0:
+        raise CommandExecutionError(f"size {size!r}: expected a positive number with K, M, G or T")
+    return int(number) * SIZE_UNITS[unit]
+
+
+def _mounted_at(mountpoint):
+    return any(m["mountpoint"] == mountpoint for m in _mounts())
+
+
+def io_check(volumes=None, size="1G", runtime=30, kpis=None, pillar=None):
+    """
+    Measure a mounted HANA volume with fio, the way SAP HCMT's file-system tests do: the log as
+    sequential overwrite (4K, 16K, 1M, queue depth 1), the data volume as random read and write
+    (16K, 64K, 1M, 16M). Each job's MB/s and latency is checked against the KPIs (defaults: log
+    250 MB/s with 1 MB blocks and 1 ms for 4K/16K, data 400 MB/s read and 250 MB/s write with 16 MB
+    blocks; override with ``kpis={'log:write:1m': {'min_mb_s': 400}}``).
+
+    Writes only a test file of ``size`` in the mountpoint, removed afterwards; a volume that is
+    not mounted, or lacks the space, is refused (never measure the root filesystem underneath).
+    Needs fio. Numbers from a virtual machine are the hypervisor's, not the storage's.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt 'hana*' hana_storage.io_check volumes='[log, data]' size=4G runtime=60
+    """
+    fio = _util("fio")
+    if not salt.utils.path.which("fio"):
+        raise CommandExecutionError("hana_storage.io_check needs fio (install the fio package)")
+    plan = _plan(pillar)
+    try:
+        kpi_table = fio.kpis(kpis)
+    except fio.FioError as error:
+        raise CommandExecutionError(str(error)) from None
+    names = volumes or [n for n in ("log", "data") if n in plan["volumes"]]
+    if isinstance(names, str):
+        names = [n.strip() for n in names.split(",")]
+    size_bytes = _size_bytes(size)
+    report, passed = {}, True
+    for name in names:
+        volume = plan["volumes"].get(name)
+        if volume is None:
+            raise CommandExecutionError(f"volume {name!r} is not in hana:storage:volumes")
+        mountpoint = volume["mountpoint"]
+        if not _mounted_at(mountpoint):
+            raise CommandExecutionError(f"{mountpoint} is not mounted: refusing to measure what lies beneath")
+        stats = os.statvfs(mountpoint)
+        if stats.f_bavail * stats.f_frsize < size_bytes * 1.1:
+            raise CommandExecutionError(f"{mountpoint} has less free space than {size} plus 10%")
+        profile = "log" if name == "log" else "data"
+        path = os.path.join(mountpoint, IO_CHECK_FILE)
+        jobs = []
+        try:
+            for job in fio.PROFILES[profile]:
+                out, error = _run(fio.fio_argv(path, job, size, int(runtime)))
+                if error:
+                    raise CommandExecutionError(f"fio on {mountpoint} ({job['rw']} {job['bs']}): {error}")
+                try:
+                    result = fio.parse_result(out)
+                except fio.FioError as parse_error:
+                    raise CommandExecutionError(f"fio on {mountpoint}: {parse_error}") from None
+                check = fio.verdict(profile, job, result, kpi_table)
+                passed = passed and (check is None or check["passed"])
+                jobs.append({**job, **result, "kpi": check})
+        finally:
+            if os.path.exists(path):
+                os.unlink(path)
+        report[name] = {"mountpoint": mountpoint, "profile": profile, "jobs": jobs}
+    virtual = __grains__.get("virtual", "physical")
+    result = {"passed": passed, "volumes": report, "size": size, "runtime_s": int(runtime)}
+    if virtual != "physical":
+        result["note"] = f"measured in a virtual machine ({virtual}): the numbers are the hypervisor's"
+    if not passed:
+        __context__["retcode"] = 1
+    return result
