@@ -12,10 +12,15 @@ PVS_FIELDS = "pv_name,vg_name,pv_uuid,dev_size,pv_size"
 _DEVICE = re.compile(r"^(?P<path>[^(),]+)\((?P<extent>\d+)\)$")
 
 
+# never read a suspended device while scanning: the read would block until it is resumed
+NO_SUSPENDED = ["--config", "devices { ignore_suspended_devices = 1 }"]
+
+
 def lvs_command():
     """The `lvs` invocation parse_segments reads (one call for every LV segment on the host)."""
     return [
         "lvs",
+        *NO_SUSPENDED,
         "--reportformat",
         "json",
         "--units",
@@ -30,7 +35,7 @@ def lvs_command():
 
 def pvs_command():
     """The `pvs` invocation parse_pvs reads."""
-    return ["pvs", "--reportformat", "json", "--units", "b", "--nosuffix", "-o", PVS_FIELDS]
+    return ["pvs", *NO_SUSPENDED, "--reportformat", "json", "--units", "b", "--nosuffix", "-o", PVS_FIELDS]
 
 
 class LvmReportError(ValueError):
