@@ -19,6 +19,7 @@ hana-storage-beacon:
     - save: true
     - interval: {{ beacon.interval }}
     - full_audit_interval: {{ beacon.full_audit_interval }}
+    - uevents: {{ beacon.uevents }}
     - disable_during_state_run: true
     - require:
       - hana_storage: hana-storage-pillar-valid
