@@ -14,6 +14,7 @@ hana-storage-remediate:
     - tgt:
       - {{ request.minion | json }}
     - tgt_type: list
+    - timeout: 600  # the minion re-audits, then fixes through state.single (queued behind a running state)
     - kwarg:
         rules: {{ request.get('rules', []) | json }}
 {%- else %}
