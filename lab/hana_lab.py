@@ -410,7 +410,11 @@ class Lab:
         self.write(
             "/run/salt/etc/minion",
             DAEMON_CONFIG.format(
-                id=minion_id, master=HOST_FROM_GUEST, master_port=master_port, publish_port=publish_port
+                id=minion_id,
+                master=HOST_FROM_GUEST,
+                master_port=master_port,
+                publish_port=publish_port,
+                repo=REPO,
             ),
         )
         self.run(
@@ -477,6 +481,12 @@ log_file: /run/salt/minion.log
 log_level_logfile: debug
 enable_fqdns_grains: false
 acceptance_wait_time: 2
+# the formula's modules straight from the checkout: `saltutil.sync_all` costs minutes under
+# emulation (the integration tier proves the sync from the master's file_roots)
+module_dirs: [{repo}/_modules]
+states_dirs: [{repo}/_states]
+utils_dirs: [{repo}/_utils]
+beacons_dirs: [{repo}/_beacons]
 """
 
 

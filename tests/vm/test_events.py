@@ -2,26 +2,34 @@
 
 A salt-master runs on the host (pytest-salt-factories) with the formula's reactor, triage runner,
 remediation orchestration and Prometheus exporter engine; a salt-minion daemon runs in the lab
-VM, reaches the master over QEMU user networking, syncs the formula's modules from it, applies
-hana.storage and runs the compliance beacon. The full audit interval is an hour, so whatever the
-beacon reports within seconds came from a kernel event (uevent or mount-table change).
+VM, reaches the master over QEMU user networking, applies hana.storage and runs the compliance
+beacon (its modules load from the checkout: see lab/hana_lab.py DAEMON_CONFIG). The full audit
+interval is an hour, so whatever the beacon reports within seconds came from a kernel event
+(uevent or mount-table change).
 
 Scenarios: flags dropped by `cryptsetup refresh`, the crypt table reloaded by `dmsetup` without
 the flags, and an unencrypted XFS mounted at /hana/shared. Latencies from the drift to the
 violation and to the resolved event on the master bus are printed (and kept in build/).
 """
 
+import base64
 import json
+import os
 import socket
 import time
 import urllib.request
 
+import hana_storage_events
 import pytest
+import salt.crypt
+import salt.utils.event
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import REPO
 from tests.vm.conftest import boot
+
+REACTOR_SLS = REPO / "salt" / "hana" / "storage" / "reactor" / "violation.sls"
 
 pytestmark = pytest.mark.vm
 
@@ -44,7 +52,6 @@ def lab_pillar(vm):
         "shared": {"mountpoint": "/hana/shared", "devices": ["/dev/vdc"]},
     }
     storage["compliance"]["beacon"] = {"interval": 1, "full_audit_interval": 3600}
-    storage["compliance"]["remediation"] = {"cooldown": 20}
     return {"hana": {"storage": storage}}
 
 
@@ -70,9 +77,10 @@ def master(request, salt_factories, tmp_path_factory, vm):
         "runner_dirs": [str(REPO / "_runners")],
         "engines_dirs": [str(REPO / "_engines")],
         "utils_dirs": [str(REPO / "_utils")],
-        "reactor": [{"salt/beacon/*/hana_storage/violation": ["salt://hana/storage/reactor/violation.sls"]}],
+        "reactor": [{"salt/beacon/*/hana_storage/violation": [str(REACTOR_SLS)]}],
         "engines": [{"hana_storage_exporter": {"port": port}}],
         "hana_storage": {"cooldown": 20},
+        "gather_job_timeout": 60,  # a minion under software emulation answers find_job slowly
     }
     factory = salt_factories.salt_master_daemon("hana-events-master", overrides=overrides)
     with factory.started(start_timeout=120):
@@ -86,13 +94,13 @@ def minion(vm, master):
     cli = master.salt_cli(timeout=900)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
-        if cli.run("test.ping", minion_tgt=MINION, _timeout=30).data is True:
+        # a short CLI timeout: a publish sent before the minion connected is never answered
+        if cli.run("--timeout=30", "test.ping", minion_tgt=MINION).data is True:
             break
         time.sleep(5)
     else:
         pytest.fail(f"the minion in the VM never answered; read {vm.console} and /run/salt/minion.log")
-    sync = cli.run("saltutil.sync_all", minion_tgt=MINION)
-    assert "modules.hana_storage" in json.dumps(sync.data), sync
+    assert cli.run("hana_storage.validate_pillar", minion_tgt=MINION).data == []
     return cli
 
 
@@ -152,23 +160,39 @@ def test_beacon_configured_and_first_audit_compliant(event_listener, master, min
     assert value(samples, "hana_storage_last_audit_timestamp_seconds", minion=MINION) > 0
 
 
+def rules_seen(event_listener, master, tag, rules, after, timeout):
+    """Events of ``tag`` after ``after`` until every rule has one; fails with what came instead."""
+    deadline = time.monotonic() + timeout
+    while True:
+        events = sorted(
+            (
+                e
+                for e in event_listener.get_events([(master.id, tag)], after_time=after)
+                if e.data.get("rule") in rules
+            ),
+            key=lambda e: e.stamp,
+        )
+        if {e.data["rule"] for e in events} >= set(rules):
+            return events
+        assert time.monotonic() < deadline, (
+            f"{tag}: got {sorted({e.data['rule'] for e in events})} of {rules} in {timeout}s"
+        )
+        time.sleep(0.5)
+
+
 def drift(vm, event_listener, master, script, rules, record):
     """Run a drift in the guest; wait for its violations, the remediation and the resolved events."""
     before = metrics(master)
     after = time.time()
     vm.run(script, check=True, echo=False)
     drifted = time.time()
-    violations = wait_for(event_listener, master, [f"{BEACON}/violation"], after)
-    got = {
-        e.data["rule"]
-        for e in event_listener.get_events([(master.id, f"{BEACON}/violation")], after_time=after)
-    }
-    assert set(rules) <= got, got
-    violation = violations[f"{BEACON}/violation"]
-    assert violation.data["trigger"] in ("uevent", "mount"), violation.data  # not the hourly full audit
-    wait_for(event_listener, master, ["hana/storage/remediation"], after)
-    resolved = wait_for(event_listener, master, [f"{BEACON}/resolved"], after)[f"{BEACON}/resolved"]
-    record(violation.timestamp - drifted, resolved.timestamp - drifted)
+    violations = rules_seen(event_listener, master, f"{BEACON}/violation", rules, after, 240)
+    assert {e.data["trigger"] for e in violations} <= {"uevent", "mount"}, violations  # not the full audit
+    # one remediation per rule (the second finds the first fixed it), then every finding resolved
+    rules_seen(event_listener, master, "hana/storage/remediation", rules, after, 600)
+    resolved = rules_seen(event_listener, master, f"{BEACON}/resolved", rules, after, 300)
+    violation, resolved = violations[0], max(resolved, key=lambda e: e.stamp)
+    record(violation.stamp.timestamp() - drifted, resolved.stamp.timestamp() - drifted)
     return before
 
 
@@ -233,7 +257,7 @@ def test_dmsetup_reload_without_flags_is_caught(vm, event_listener, master, appl
         f"vk=$(cryptsetup luksDump --dump-volume-key --batch-mode --key-file {KEY} /dev/vg_hana_data/lv_hana_data "
         "| sed -n '/MK dump:/,$p' | sed 's/MK dump://' | tr -d ' \\t\\n')\n"
         "set -- $(dmsetup table hana_data)\n"
-        'dmsetup reload hana_data --table "$1 $2 crypt $4 $vk $6 $7 $8 1 sector_size:4096" && dmsetup resume hana_data'
+        'echo "$1 $2 crypt $4 $vk $6 $7 $8 1 sector_size:4096" | dmsetup reload hana_data && dmsetup resume hana_data'
     )
     drift(vm, event_listener, master, script, ["HANA-PERF-002"], latencies)
     table, _header = flags_of(vm)
@@ -243,7 +267,8 @@ def test_dmsetup_reload_without_flags_is_caught(vm, event_listener, master, appl
 def test_unencrypted_mount_at_shared_raises_an_alert_and_touches_nothing(vm, event_listener, master, applied):
     before_sum = vm.checksum(3)
     after = time.time()
-    vm.run("umount /hana/shared && mount /dev/vdd /hana/shared", check=True)
+    # ro,norecovery: XFS then writes nothing itself (a plain ro mount does), so a change is someone else's
+    vm.run("umount /hana/shared && mount -o ro,norecovery /dev/vdd /hana/shared", check=True)
     events = wait_for(event_listener, master, [f"{BEACON}/violation", "hana/storage/alert"], after)
     alert = events["hana/storage/alert"].data
     assert alert["minion"] == MINION and alert["rule"] == "HANA-ENC-001" and alert["remediation"] == "manual"
@@ -263,3 +288,143 @@ def test_unencrypted_mount_at_shared_raises_an_alert_and_touches_nothing(vm, eve
     assert (
         value(samples, "hana_storage_findings", minion=MINION, rule="HANA-ENC-001", severity="critical") == 1
     )
+
+
+# ---- reactor safety: what a minion (or anything on the bus) may claim ------------------------
+
+FLOOD = 500  # through the real reactor (about 10 events/s: bench/test_fleet.py); 10,000 in tests/unit
+
+
+def signed(key, minion, data):
+    message = hana_storage_events.signed_bytes(minion, "violation", data)
+    return {**data, "sig": base64.b64encode(key.sign(message, salt.crypt.PKCS1v15_SHA224)).decode()}
+
+
+def violation(rule, **extra):
+    return {
+        "rule": rule,
+        "severity": "low",
+        "volume": "data",
+        "mountpoint": "/hana/data",
+        "device": "/dev/mapper/hana_data",
+        "message": "forged",
+        "key": f"{rule}|data|/dev/mapper/hana_data",
+        "trigger": "uevent",
+        "ts": time.time(),
+        **extra,
+    }
+
+
+def test_forged_events_cause_no_action_and_a_flood_one_remediation(
+    vm, event_listener, master, minion, applied
+):
+    time.sleep(21)  # past the cooldown of earlier remediations
+    pem = vm.run("cat /run/salt/pki/minion.pem", check=True, echo=False).output
+    key_path = master.config["root_dir"] + "/hana-lab-minion.pem"
+    with open(key_path, "w", encoding="utf-8") as handle:
+        handle.write(pem)
+    key = salt.crypt.PrivateKey.from_file(key_path)
+    before = metrics(master)
+    after = time.time()
+    # 1. the minion in the VM names another minion in the tag: it cannot sign for that one
+    other = json.dumps(violation("HANA-PERF-002", remediation="auto", sig="AAAA"))
+    minion.run(
+        "event.send", "salt/beacon/hana-other/hana_storage/violation", f"data={other}", minion_tgt=MINION
+    )
+    # 2. ... or signs for itself with a stolen-looking signature (another minion's: the master's key)
+    with salt.utils.event.get_master_event(master.config, master.config["sock_dir"], listen=False) as bus:
+        bus.fire_event(
+            violation("HANA-PERF-002", sig=base64.b64encode(b"x" * 256).decode()), f"{BEACON}/violation"
+        )
+        # 3. a correctly signed event claiming `remediation: auto` for a manual rule: an alert, no fix
+        bus.fire_event(
+            signed(key, MINION, violation("HANA-ENC-005", remediation="auto")), f"{BEACON}/violation"
+        )
+        # 4. a flood of correctly signed events for one auto rule: one remediation per cooldown
+        flood_started = time.monotonic()
+        for _ in range(FLOOD):
+            bus.fire_event(signed(key, MINION, violation("HANA-PERF-004")), f"{BEACON}/violation")
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        triaged = len(
+            [
+                e
+                for e in event_listener.get_events([(master.id, "salt/run/*/ret")], after_time=after)
+                if e.data.get("fun") == "runner.hana_storage.triage"
+            ]
+        )
+        if triaged >= FLOOD + 3:
+            break
+        time.sleep(2)
+    flood_seconds = time.monotonic() - flood_started
+    actions = [
+        e.data["return"]
+        for e in event_listener.get_events([(master.id, "salt/run/*/ret")], after_time=after)
+        if e.data.get("fun") == "runner.hana_storage.triage"
+    ]
+    assert len(actions) == FLOOD + 3, f"only {len(actions)} of {FLOOD + 3} events were triaged"
+    by_action = {}
+    for action in actions:
+        by_action.setdefault(action["action"], []).append(action)
+    assert {a["code"] for a in by_action["rejected"]} == {"unknown_minion", "bad_signature"}
+    assert [a["rule"] for a in by_action["alerted"]] == ["HANA-ENC-005"]
+    # one remediation per cooldown (20 s here): when each triage that acted started, from its jid
+    started = {
+        e.tag.split("/")[2]: e.stamp.timestamp()
+        for e in event_listener.get_events([(master.id, "salt/run/*/new")], after_time=after)
+        if e.data.get("fun") == "runner.hana_storage.triage"
+    }
+    acted = sorted(
+        started[e.tag.split("/")[2]]
+        for e in event_listener.get_events([(master.id, "salt/run/*/ret")], after_time=after)
+        if e.data.get("fun") == "runner.hana_storage.triage"
+        and e.data["return"]["action"] in ("remediated", "remediation-failed")
+    )
+    assert acted and all(b - a >= 19.5 for a, b in zip(acted, acted[1:], strict=False)), acted
+    assert len(acted) <= flood_seconds / 20 + 1
+    assert len(by_action["cooldown"]) == FLOOD - len(acted)
+    samples = metrics(master)
+    assert (
+        value(samples, "hana_storage_rejected_events_total", reason="bad_signature")
+        >= value(before, "hana_storage_rejected_events_total", reason="bad_signature") + 1
+    )
+    print(
+        f"\nflood of {FLOOD} signed events triaged in {flood_seconds:.0f} s ({FLOOD / flood_seconds:.0f}/s)"
+    )
+    assert vm.run("findmnt -n -o SOURCE /hana/data", echo=False).output.strip() == "/dev/mapper/hana_data"
+
+
+def test_no_key_material_on_the_bus_in_logs_job_cache_or_dm_tables(
+    vm, event_listener, master, minion, applied
+):
+    """The pillar key and the volume key, raw, hex or base64: not in any event, the master log,
+    the master's job cache, the minion's debug log or job cache, or hana_storage.dm_tables."""
+    volume_key = vm.run(
+        f"cryptsetup luksDump --dump-volume-key --batch-mode --key-file {KEY} /dev/vg_hana_data/lv_hana_data "
+        "| sed -n '/MK dump:/,$p' | sed 's/MK dump://' | tr -d ' \\t\\n'",
+        check=True,
+        echo=False,
+    ).output.strip()
+    secrets = [base64.b64decode(vm.key_b64()), bytes.fromhex(volume_key)]
+    needles = []
+    for secret in secrets:
+        needles += [secret, secret.hex().encode(), secret.hex().upper().encode(), base64.b64encode(secret)]
+    haystacks = {
+        "events": json.dumps([e.data for e in event_listener.get_events([(master.id, "*")])]).encode()
+    }
+    haystacks["master log"] = open(master.config["log_file"], "rb").read()
+    jobs = master.config["cachedir"] + "/jobs"
+    haystacks["master job cache"] = b"".join(
+        open(os.path.join(d, f), "rb").read() for d, _dirs, files in os.walk(jobs) for f in files
+    )
+    guest = vm.run(
+        "cat /run/salt/minion.log; find /run/salt/cache -type f -exec cat {} +", echo=False
+    ).output.encode("utf-8", "surrogateescape")
+    haystacks["minion log and cache"] = guest
+    tables = minion.run("hana_storage.dm_tables", minion_tgt=MINION)
+    haystacks["dm_tables"] = tables.stdout.encode()
+    assert b"hana_data" in haystacks["dm_tables"] and len(haystacks["master job cache"]) > 1000
+    assert b"DEBUG" in haystacks["minion log and cache"]
+    for where, text in haystacks.items():
+        for needle in needles:
+            assert needle not in text, f"key material in the {where}"
