@@ -14,6 +14,7 @@ import shlex
 import pytest
 import yaml
 
+from tests.conftest import REPO
 from tests.vm.conftest import boot
 
 pytestmark = pytest.mark.vm
@@ -185,7 +186,8 @@ def test_every_rule_fires_somewhere(audit):
     import hana_storage_rules
 
     fired = {f["rule"] for f in audit["findings"]}
-    assert fired >= set(hana_storage_rules.RULES) - {"HANA-LAYOUT-004"}  # LAYOUT-004: the reliability tier
+    # LAYOUT-004 (suspended, missing): test_suspended_crypt_and_missing_stripe_disk_... below
+    assert fired >= set(hana_storage_rules.RULES) - {"HANA-LAYOUT-004"}
 
 
 def test_luks_headers_match_cryptsetup(vm):
@@ -253,3 +255,41 @@ def test_inspect_shows_the_stacks(vm):
     assert backing["kind"] == "lv" and backing["luks"]["flags"] == ["no-read-workqueue", "no-write-workqueue"]
     assert backing["lvm"][0]["stripes"] == 2 and backing["lvm"][0]["stripe_size"] == 256 * 1024
     assert inspect["mounts"]["/hana/shared"]["stack"]["crypts"] == []
+
+
+# ---- degraded devices (last: they break the mix for good) -----------------------------------
+
+
+def beacon_tick(vm):
+    """One beacon tick (a full audit) through Salt's loader in the guest: its events, or its crash."""
+    out = vm.run(f"python3 {REPO}/lab/guest_beacon.py once", check=True, echo=False, timeout=900).output
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_suspended_crypt_and_missing_stripe_disk_are_reported_and_the_beacon_survives(vm):
+    """A crypt device suspended and a disk of a two-way stripe hot-unplugged (its PCI function
+    removed, as when a LUN disappears): the audit names both, on top of the degraded header, and
+    neither hangs nor crashes the audit or the beacon."""
+    gone = DISKS["align"][1]
+    vm.run(
+        "dmsetup suspend hana_data\n"
+        f"echo 1 > $(readlink -f /sys/block/{gone[5:]}/device)/../remove\n"
+        f"for i in $(seq 50); do [ -e {gone} ] || break; sleep 0.1; done; [ ! -e {gone} ]",
+        check=True,
+        title=f"suspending hana_data, unplugging {gone}",
+    )
+    try:
+        result = vm.salt("hana_storage.audit", timeout=600)
+        assert isinstance(result.ret, dict), result.text()
+        found = {(f["volume"], f["rule"]): f for f in result.ret["findings"]}
+        assert "suspended: /dev/mapper/hana_data" in found[("data", "HANA-LAYOUT-004")]["actual"]
+        assert any("missing" in a for a in found[("align", "HANA-LAYOUT-004")]["actual"])
+        assert ("degraded", "HANA-ENC-007") in found
+        tick = beacon_tick(vm)
+        assert "raised" not in tick, tick.get("raised")
+        tags = {(e["tag"], e.get("rule"), e.get("volume")) for e in tick["events"]}
+        assert ("violation", "HANA-LAYOUT-004", "data") in tags
+        assert ("violation", "HANA-LAYOUT-004", "align") in tags
+        assert any(e["tag"] == "audit" for e in tick["events"])
+    finally:
+        vm.run("dmsetup resume hana_data", echo=False)
