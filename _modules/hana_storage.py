@@ -613,6 +613,8 @@ def probe(devices, key_file=None):
         if "crypto_LUKS" in types:
             header = _header_of(name)
             result["luks"] = {k: header.get(k) for k in ("version", "uuid", "error") if k in header}
+            if isinstance(header.get("keyslots"), list):
+                result["luks"]["keyslots"] = len(header["keyslots"])
             # an open LUKS device is judged by who holds it; only a closed one needs the key tried
             if key_file and not result["holders"]:
                 result["key_opens"] = _key_opens(path, key_file)

@@ -2,7 +2,7 @@
 Pure code: decides from a probe the execution module made (``hana_storage.probe``).
 
 A probe is ``{"device", "exists", "block", "signatures": [{"type", "usage"}], "pttype",
-"pv_vg", "luks": {"version", "uuid"} | None, "key_opens": bool | None, "holders": [dm names],
+"pv_vg", "luks": {"version", "uuid", "keyslots"} | None, "key_opens": bool | None, "holders": [dm names],
 "mountpoints": [...], "nonzero_head": bool, "xfs": {...} | None}``.
 
 Verdicts: ``use`` (blank, or already what the plan builds there), ``wipe`` (foreign, but the
@@ -61,6 +61,8 @@ def _foreign_disk(volume, probe):
     if not above and types == ["crypto_LUKS"]:
         if probe.get("key_opens") or probe.get("holders"):  # holders: only our own mapping, see above
             return None
+        if unfinished_luks(probe):
+            return None
         return "is LUKS that the volume's key cannot open"
     return f"carries a {describe_signatures(probe)} signature"
 
@@ -72,7 +74,21 @@ def _ours_reason(volume, probe):
         return f"already a PV of {probe.get('pv_vg') or 'no volume group yet'}"
     if probe.get("holders"):
         return f"already LUKS, open as {', '.join(probe['holders'])}"
+    if unfinished_luks(probe):
+        return UNFINISHED_LUKS
     return "already LUKS, opened by the volume's key"
+
+
+UNFINISHED_LUKS = (
+    "an interrupted luksFormat left a LUKS header with no keyslot: no key opens it, it is formatted again"
+)
+
+
+def unfinished_luks(probe):
+    """A LUKS header without a single keyslot: what luksFormat leaves when killed between writing
+    the header and adding the key. Nobody can decrypt anything behind it: nothing can be lost."""
+    luks = probe.get("luks") or {}
+    return luks.get("keyslots") == 0 and not probe.get("holders") and not probe.get("key_opens")
 
 
 def refusal_summary(verdicts):
@@ -97,6 +113,8 @@ def layer_verdict(layer, probe, may_wipe, own_holders=()):
             return _verdict(device, "use", f"already LUKS, open as {', '.join(probe['holders'])}")
         if probe.get("key_opens"):
             return _verdict(device, "use", "already LUKS, opened by the volume's key")
+        if unfinished_luks(probe):
+            return _verdict(device, "create", UNFINISHED_LUKS)
         foreign = "is LUKS that the volume's key cannot open"
     elif layer == "xfs" and types == ["xfs"]:
         if (probe.get("xfs") or {}).get("inprogress"):
