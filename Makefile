@@ -2,7 +2,7 @@
 VENV   := .venv/bin
 PYTEST := $(VENV)/pytest -p no:cacheprovider
 
-.PHONY: deps demo test test-unit test-integration test-vm lint clean
+.PHONY: deps demo test test-unit test-integration test-vm bench lint clean
 
 deps:
 	@tools/install-deps.sh
@@ -23,6 +23,10 @@ test-integration: deps
 
 test-vm: deps
 	$(PYTEST) tests/vm -q
+
+# benchmarks (about 40 min under emulation): table printed, kept in build/bench/results.{json,md}
+bench: deps
+	$(PYTEST) bench -q
 
 lint: deps
 	$(VENV)/ruff check -q .

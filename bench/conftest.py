@@ -1,0 +1,96 @@
+"""`make bench`: what the checker costs, how fast it sees drift, how far it scales.
+
+Every number is a ratio against a baseline measured in the same run, with repetitions and their
+spread, because these machines are shared and noisy. Each benchmark records its rows through the
+``bench`` fixture; the table is printed at the end and kept in build/bench/results.{json,md}.
+"""
+
+import datetime
+import json
+import os
+import platform
+import statistics
+
+import pytest
+
+from tests.conftest import REPO, pytest_sessionfinish  # noqa: F401 - quiet Salt's deferred log handler
+
+OUT = REPO / "build" / "bench"
+ROWS = []
+
+
+def spread(samples):
+    """min/median/max of a list of numbers, rounded for the table."""
+    if not samples:
+        return {"min": None, "median": None, "max": None, "n": 0}
+
+    def r(x):
+        return round(x, 6 if abs(x) < 0.01 else 3)
+
+    return {
+        "min": r(min(samples)),
+        "median": r(statistics.median(samples)),
+        "max": r(max(samples)),
+        "n": len(samples),
+    }
+
+
+class Bench:
+    def record(self, name, unit, samples, target=None, met=None, note="", **extra):
+        """One row: a measured quantity with its spread, the target and whether it is met."""
+        row = {"name": name, "unit": unit, **spread(samples), "target": target, "met": met, "note": note}
+        row.update(extra)
+        ROWS.append(row)
+        print(f"\n[bench] {name}: median {row['median']} {unit} (n={row['n']}) {note}", flush=True)
+        return row
+
+
+@pytest.fixture(scope="session")
+def bench():
+    return Bench()
+
+
+def machine():
+    cpus = os.cpu_count()
+    model = ""
+    try:
+        model = next(
+            line.split(":", 1)[1].strip()
+            for line in open("/proc/cpuinfo", encoding="utf-8")
+            if line.startswith("model name")
+        )
+    except (OSError, StopIteration):
+        pass
+    return f"{platform.node()}: {cpus} x {model or platform.machine()}, Linux {platform.release()}"
+
+
+def table(rows):
+    head = "| benchmark | median | min | max | n | unit | target | met |"
+    lines = [head, "|" + "---|" * 8]
+    for row in rows:
+        met = {True: "yes", False: "NO", None: "-"}[row["met"]]
+        lines.append(
+            f"| {row['name']} | {row['median']} | {row['min']} | {row['max']} | {row['n']} "
+            f"| {row['unit']} | {row['target'] or '-'} | {met} |"
+        )
+    return "\n".join(lines)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not ROWS:
+        return
+    OUT.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    # a run of some benchmarks (pytest bench/test_fleet.py) updates their rows, keeps the others
+    path, rows = OUT / "results.json", list(ROWS)
+    if path.exists():
+        names = {r["name"] for r in ROWS}
+        rows = [r for r in json.loads(path.read_text()).get("rows", []) if r["name"] not in names] + rows
+    doc = {"date": stamp, "machine": machine(), "rows": rows}
+    path.write_text(json.dumps(doc, indent=2))
+    notes = "\n".join(f"- {r['name']}: {r['note']}" for r in rows if r["note"])
+    markdown = f"Measured {stamp} on {doc['machine']}.\n\n{table(rows)}\n\n{notes}\n"
+    (OUT / "results.md").write_text(markdown)
+    terminalreporter.write_sep("=", "hana-storage benchmarks")
+    terminalreporter.write_line(markdown)
+    terminalreporter.write_line(f"(kept in {OUT / 'results.json'} and results.md)")

@@ -1,0 +1,158 @@
+"""Fleet scale on one master: 1,000 simulated minions x 10 findings = 10,000 violation events.
+
+A real salt-master (pytest-salt-factories) runs the formula's reactor, triage runner and
+Prometheus exporter. The simulated minions are accepted keys in the master's PKI directory (they
+share one RSA key pair: signing is what is simulated, verifying is real), and their signed
+violation events are put on the master's event bus on loopback, the way the master itself
+forwards a beacon's events. Every finding is a `manual` rule seen for the first time, so each
+event must end as exactly one alert: the exporter's violation counters and the reactor's alert
+counters must both reach 10,000 exactly - not one lost, not one doubled.
+
+Reported: the rate events were put on the bus, the exporter's and the reactor's sustained
+processing rates (events/s from the first event to the last one counted) - the slower of the two
+is where one master saturates.
+"""
+
+import base64
+import os
+import socket
+import time
+import urllib.request
+
+import hana_storage_events as events
+import hana_storage_rules as rules
+import pytest
+import salt.crypt
+import salt.utils.event
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import REPO
+
+REACTOR_SLS = REPO / "salt" / "hana" / "storage" / "reactor" / "violation.sls"
+
+MINIONS, FINDINGS = int(os.environ.get("BENCH_MINIONS", 1000)), 10
+MANUAL_RULES = sorted(r for r, (_s, remediation, _t) in rules.RULES.items() if remediation == "manual")
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def master(salt_factories):
+    port = free_port()
+    overrides = {
+        "interface": "127.0.0.1",
+        "file_roots": {"base": [str(REPO / "salt"), str(REPO)]},
+        "runner_dirs": [str(REPO / "_runners")],
+        "engines_dirs": [str(REPO / "_engines")],
+        "utils_dirs": [str(REPO / "_utils")],
+        "reactor": [{"salt/beacon/*/hana_storage/violation": [str(REACTOR_SLS)]}],
+        "engines": [{"hana_storage_exporter": {"port": port}}],
+        "hana_storage": {"cooldown": 3600, "max_event_age": 7200},  # the backlog drains for minutes
+        "reactor_worker_hwm": 20000,  # the queue must hold a burst of 10,000 (Salt's default: 10,000)
+        "log_level_logfile": "warning",
+        "runner_returns": os.environ.get("BENCH_RUNNER_RETURNS", "1") == "1",
+    }
+    factory = salt_factories.salt_master_daemon("hana-fleet-master", overrides=overrides)
+    with factory.started(start_timeout=120):
+        factory.metrics_url = f"http://127.0.0.1:{port}/metrics"
+        yield factory
+
+
+def totals(master):
+    text = urllib.request.urlopen(master.metrics_url, timeout=30).read().decode()
+    sums = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                sums[sample.name] = sums.get(sample.name, 0) + sample.value
+    return sums
+
+
+def signed_events(master):
+    """10,000 violation events from 1,000 accepted minions, signed the way the beacon signs."""
+    pki = master.config["pki_dir"]
+    pub, pem = REPO / "build" / "bench" / "sim.pub", REPO / "build" / "bench" / "sim.pem"
+    pub.parent.mkdir(parents=True, exist_ok=True)
+    if not pem.exists():
+        private, public = salt.crypt.gen_keys(2048)
+        pem.write_text(private)
+        pub.write_text(public)
+    key = salt.crypt.PrivateKey.from_file(str(pem))
+    minions_dir = f"{pki}/minions"
+    out, now = [], time.time()
+    for m in range(MINIONS):
+        minion = f"sim-{m:04d}"
+        with open(f"{minions_dir}/{minion}", "w", encoding="utf-8") as handle:
+            handle.write(pub.read_text())
+        for rule in MANUAL_RULES[:FINDINGS]:
+            data = {
+                "rule": rule,
+                "severity": rules.RULES[rule][0],
+                "volume": "data",
+                "mountpoint": "/hana/data",
+                "device": "/dev/vda",
+                "remediation": "manual",
+                "message": "simulated",
+                "key": f"{rule}|data|/dev/vda",
+                "trigger": "uevent",
+                "ts": now,
+            }
+            tag = f"salt/beacon/{minion}/hana_storage/violation"
+            message = events.signed_bytes(minion, "violation", data)
+            data["sig"] = base64.b64encode(key.sign(message, salt.crypt.PKCS1v15_SHA224)).decode()
+            out.append((tag, data))
+    return out
+
+
+def wait_for_count(master, name, expected, started, timeout=1800):
+    """Seconds from ``started`` until counter ``name`` reached ``expected``; fails on more or stall."""
+    last, last_change = -1, time.monotonic()
+    while True:
+        count = totals(master).get(name, 0)
+        if count >= expected:
+            assert count == expected, f"{name} = {count}: events counted twice"
+            return time.monotonic() - started
+        if count != last:
+            last, last_change = count, time.monotonic()
+        assert time.monotonic() - last_change < 120, f"{name} stalled at {count} of {expected}"
+        assert time.monotonic() - started < timeout, f"{name} at {count} of {expected} after {timeout}s"
+        time.sleep(0.5)
+
+
+def test_fleet_events_none_lost(master, bench):
+    batch = signed_events(master)
+    before = totals(master)
+    assert not before.get("hana_storage_violations_total")
+    started = time.monotonic()
+    with salt.utils.event.get_master_event(master.config, master.config["sock_dir"], listen=False) as bus:
+        for tag, data in batch:
+            bus.fire_event(data, tag)
+    fired = time.monotonic() - started
+    exporter = wait_for_count(master, "hana_storage_violations_total", len(batch), started)
+    reactor = wait_for_count(master, "hana_storage_alerts_total", len(batch), started)
+    after = totals(master)
+    assert after.get("hana_storage_rejected_events_total", 0) == 0
+    n = len(batch)
+    bench.record(
+        "fleet: events put on the bus", "events/s", [n / fired], note=f"{MINIONS} minions x {FINDINGS}"
+    )
+    bench.record(
+        "fleet: exporter sustained rate",
+        "events/s",
+        [n / exporter],
+        target=f"all {n} counted",
+        met=True,
+        note="signature verified per event",
+    )
+    bench.record(
+        "fleet: reactor + triage sustained rate",
+        "events/s",
+        [n / reactor],
+        target=f"all {n} alerted once",
+        met=True,
+        note="the saturation point: one runner job per event in Salt's reactor thread pool",
+    )
