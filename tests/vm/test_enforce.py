@@ -14,12 +14,14 @@ import re
 import pytest
 import yaml
 
-from tests.vm.conftest import boot
+from tests.vm.conftest import boot, salt_json
 
 pytestmark = pytest.mark.vm
 
 LAB_DISKS = 8
 FOREIGN = {"vdi": "ext4 with files", "vdj": "PV of vg_other", "vdk": "LUKS with another key", "vdl": "GPT"}
+SPARE = ["/dev/vdm", "/dev/vdn"]  # blank: the interrupted applies build a volume on them
+DISKS = LAB_DISKS + len(FOREIGN) + len(SPARE)
 KEY_FILE = "/run/hana-storage/keys/hana.key"
 
 
@@ -29,7 +31,7 @@ def ordered(states):
 
 @pytest.fixture(scope="module")
 def vm(request):
-    vm = boot(request, disks=LAB_DISKS + len(FOREIGN), disk_size="1G")
+    vm = boot(request, disks=DISKS, disk_size="1G")
     vm.run(
         "set -e\n"
         "mkfs.ext4 -q /dev/vdi && mkdir -p /run/x && mount /dev/vdi /run/x && seq 100000 >/run/x/data.txt "
@@ -64,6 +66,54 @@ def first_apply(vm, dry_run):
     result = vm.salt("state.apply hana.storage", title="state.apply hana.storage (formats the lab disks)")
     vm.run("touch /run/stop-sampling; sleep 0.3; wc -l </run/cmdlines.txt", echo=False)
     return result
+
+
+# ---- the lab itself, before anything is built ----------------------------------------------
+
+
+def test_lab_disks_and_device_mapper(vm):
+    result = vm.run("lsblk -dn -o NAME /dev/vd?; dmsetup targets")
+    assert result.ok, result.output
+    words = result.output.split()
+    assert words[: LAB_DISKS + len(FOREIGN)] == [
+        f"vd{chr(ord('a') + i)}" for i in range(LAB_DISKS + len(FOREIGN))
+    ]
+    assert {"crypt", "striped", "linear"} <= set(words)
+
+
+def test_lab_step_failure_is_reported(vm):
+    result = vm.run("echo to-stderr >&2; exit 7")
+    assert result.rc == 7 and "to-stderr" in result.output
+
+
+def test_lab_pillar_valid_and_a_real_salt_call_process_agrees(vm):
+    """The fast path (one loaded Salt) and a real salt-call process return the same."""
+    assert vm.salt("hana_storage.validate_pillar").ret == []
+    assert salt_json(vm.salt_call("hana_storage.validate_pillar")) == []
+
+
+def test_invalid_pillar_touches_no_device(vm):
+    """A pillar naming the ext4 disk and a disk that does not exist: refused, bytes identical."""
+    bad = vm.pillar().replace("[/dev/vde, /dev/vdf]", "[/dev/vdi, /dev/vdz]")
+    vm.set_pillar(bad)
+    try:
+        missing = "hana:storage:volumes:log:devices:1: /dev/vdz does not exist on this host"
+        assert vm.salt("hana_storage.validate_pillar").ret == [missing]
+        result = vm.salt("state.apply hana.storage")
+        assert result.retcode != 0
+        states = ordered(result.ret)
+        gate = states[0]
+        assert gate["__id__"] == "hana-storage-pillar-valid" and gate["result"] is False
+        assert missing in gate["comment"]
+        assert all(
+            s["changes"] == {} and s["result"] is not True for s in states[1:] if "beacon" not in s["__id__"]
+        )
+        assert vm.checksum(LAB_DISKS) == vm.foreign_sums["vdi"]
+    finally:
+        vm.set_pillar(vm.pillar())
+
+
+# ---- the lab layout -------------------------------------------------------------------------
 
 
 def test_dry_run_on_blank_disks_changes_nothing(vm, dry_run):
@@ -250,6 +300,89 @@ def test_allow_format_lets_the_formula_take_a_used_device(vm, first_apply):
     vm.set_pillar(vm.pillar())
 
 
+# ---- interrupted applies: killed after luksFormat, pvcreate, lvcreate and mkfs -----------------
+
+EXTRA = "/dev/vg_hana_extra/lv_hana_extra"
+# (the step the apply has passed, a shell test that holds from then on)
+INTERRUPTS = [
+    ("luksFormat", "cryptsetup isLuks /dev/vdm"),
+    ("pvcreate", "pvs /dev/mapper/hana_extra_0 >/dev/null 2>&1"),
+    ("lvcreate", f"[ -e {EXTRA} ]"),
+    # a finished mkfs: an interrupted one (sb_inprogress set) is made again, by design
+    ("mkfs", f"xfs_db -r -c 'sb 0' -c 'p inprogress' {EXTRA} 2>/dev/null | grep -q '= 0'"),
+]
+IDENTITY = (
+    # a LUKS header counts once the key opens it: luksFormat killed before its keyslot leaves
+    # one nobody can open, which the formula formats again (nothing behind it can be read)
+    f"for d in /dev/vdm /dev/vdn; do cryptsetup open --test-passphrase --key-file {KEY_FILE} $d 2>/dev/null "
+    "&& echo luks $d $(cryptsetup luksUUID $d); done\n"
+    "echo pv $(pvs --noheadings -o pv_uuid /dev/mapper/hana_extra_0 2>/dev/null)\n"
+    "echo lv $(lvs --noheadings -o lv_uuid vg_hana_extra/lv_hana_extra 2>/dev/null)\n"
+    f"xfs_db -r -c 'sb 0' -c 'p inprogress' {EXTRA} 2>/dev/null | grep -q '= 0' "
+    f"&& echo xfs $(blkid -p -o value -s UUID {EXTRA})"
+)
+
+
+def identities(vm):
+    """What a second format would change: LUKS, PV, LV and XFS UUIDs of the extra volume."""
+    out = vm.run(IDENTITY, echo=False).output
+    return {
+        " ".join(line.split()[:-1]): line.split()[-1] for line in out.splitlines() if len(line.split()) > 1
+    }
+
+
+def test_interrupted_applies_converge_without_formatting_twice(vm, first_apply):
+    """A real salt-call, SIGKILLed with its children just after each step; the next apply goes on
+    from there. Data already on another volume survives; nothing is formatted twice."""
+    storage = yaml.safe_load(vm.pillar())["hana"]["storage"]
+    storage["volumes"] = {
+        "shared": storage["volumes"]["shared"],
+        "extra": {
+            "mountpoint": "/hana/extra",
+            "devices": SPARE,
+            "encryption": "below_lvm",
+            "stripe_size": 64,
+        },
+    }
+    vm.set_pillar(yaml.safe_dump({"hana": {"storage": storage}}))
+    before = vm.run(
+        "head -c 3M /dev/urandom >/hana/shared/keep.bin && sync && sha256sum /hana/shared/keep.bin",
+        check=True,
+        echo=False,
+    ).output
+    seen = {}
+    try:
+        for n, (step, passed) in enumerate(INTERRUPTS):
+            out = vm.run(
+                f"setsid salt-call -c /run/salt/etc --log-level=quiet state.apply hana.storage >/run/kill.{n}.out 2>&1 &\n"
+                "pid=$!\n"
+                f"until {passed}; do kill -0 $pid 2>/dev/null || {{ echo ENDED; exit 3; }}; sleep 0.05; done\n"
+                "kill -9 -$pid && echo KILLED",  # the process group: salt-call and its children
+                title=f"apply {n + 1}/{len(INTERRUPTS)}, killed right after {step}",
+                timeout=1200,
+            ).output
+            assert "KILLED" in out, f"the apply ended before {step}: {out[-2000:]}"
+            for what, uuid in identities(vm).items():
+                assert seen.setdefault(what, uuid) == uuid, f"{what} changed after the kill after {step}"
+        final = vm.salt("state.apply hana.storage", title="the apply that finishes the job")
+        assert isinstance(final.ret, dict), final.ret  # a list: another apply still running
+        assert final.retcode == 0, [s["comment"] for s in final.ret.values() if s["result"] is not True]
+        assert "xfs" in seen  # every layer existed before the last kill: nothing is left to format
+        formatted = [s["__id__"] for s in final.ret.values() if {"formatted", "wiped"} & set(s["changes"])]
+        assert not formatted, formatted
+        after = identities(vm)
+        for what, uuid in seen.items():
+            assert after[what] == uuid, f"{what} was formatted again"
+        assert len(after) == 5
+        assert (
+            vm.run("findmnt -n -o SOURCE /hana/extra", echo=False).output.strip()
+            == "/dev/mapper/vg_hana_extra-lv_hana_extra"
+        )
+        assert vm.run("sha256sum /hana/shared/keep.bin", echo=False).output == before
+    finally:
+        vm.set_pillar(vm.pillar())
+
+
 # ---- reboot: the same disk images, a new kernel, /etc/crypttab and /etc/fstab kept --------------
 
 DATA_FILES = {"/hana/data/a.bin": 8, "/hana/log/b.bin": 4, "/hana/shared/c.bin": 2, "/hana/backup/d.bin": 1}
@@ -273,7 +406,7 @@ def rebooted(request, vm, first_apply):
     )
     kept = {name: (vm.shared / name).read_text() for name in ("crypttab", "fstab")}
     vm.stop()
-    again = boot(request, disks=LAB_DISKS + len(FOREIGN), disk_size="1G", fresh=False)
+    again = boot(request, disks=DISKS, disk_size="1G", fresh=False)
     for name, text in kept.items():
         again.write(f"/etc/{name}", text)
     again.setup_salt()
