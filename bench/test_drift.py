@@ -12,11 +12,9 @@ import statistics
 import time
 
 import pytest
-import yaml
 
-from tests.conftest import REPO
 from tests.vm.conftest import boot
-from tests.vm.test_events import BEACON, KEY, MINION, lab_pillar, wait_for
+from tests.vm.test_events import BEACON, KEY, MINION, connect_minion, master_overrides, wait_for
 
 pytestmark = pytest.mark.vm
 
@@ -30,18 +28,8 @@ def vm(request):
 
 
 @pytest.fixture(scope="module")
-def master(request, salt_factories, tmp_path_factory, vm):
-    pillar = tmp_path_factory.mktemp("pillar")
-    (pillar / "top.sls").write_text("base:\n  '*':\n    - hana\n")
-    (pillar / "hana.sls").write_text(yaml.safe_dump(lab_pillar(vm)))
-    overrides = {
-        "interface": "127.0.0.1",
-        "auto_accept": True,
-        "file_roots": {"base": [str(REPO / "salt"), str(REPO)]},
-        "pillar_roots": {"base": [str(pillar)]},
-        "runner_dirs": [str(REPO / "_runners")],
-        "utils_dirs": [str(REPO / "_utils")],
-    }
+def master(salt_factories, tmp_path_factory, vm):
+    overrides = master_overrides(tmp_path_factory, vm)
     factory = salt_factories.salt_master_daemon("hana-drift-master", overrides=overrides)
     with factory.started(start_timeout=120):
         yield factory
@@ -49,12 +37,7 @@ def master(request, salt_factories, tmp_path_factory, vm):
 
 @pytest.fixture(scope="module")
 def applied(vm, master):
-    vm.start_minion(master.config["ret_port"], master.config["publish_port"], MINION)
-    cli = master.salt_cli(timeout=900)
-    deadline = time.monotonic() + 600
-    while cli.run("--timeout=30", "test.ping", minion_tgt=MINION).data is not True:
-        assert time.monotonic() < deadline, f"the minion never answered; read {vm.console}"
-        time.sleep(5)
+    cli = connect_minion(vm, master)
     started = time.time()
     states = cli.run("state.apply", "hana.storage", minion_tgt=MINION, _timeout=1200).data
     assert isinstance(states, dict) and all(s["result"] for s in states.values()), states

@@ -54,7 +54,6 @@ def master(salt_factories):
         "hana_storage": {"cooldown": 3600, "max_event_age": 7200},  # the backlog drains for minutes
         "reactor_worker_hwm": 20000,  # the queue must hold a burst of 10,000 (Salt's default: 10,000)
         "log_level_logfile": "warning",
-        "runner_returns": os.environ.get("BENCH_RUNNER_RETURNS", "1") == "1",
     }
     factory = salt_factories.salt_master_daemon("hana-fleet-master", overrides=overrides)
     with factory.started(start_timeout=120):

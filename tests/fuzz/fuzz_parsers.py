@@ -25,13 +25,15 @@ import tempfile
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "_utils"))
+sys.path[:0] = [str(REPO), str(REPO / "_utils")]
 
 import hana_storage_dm as dm  # noqa: E402
 import hana_storage_luks as luks  # noqa: E402
 import hana_storage_lvm as lvm  # noqa: E402
 import hana_storage_tab as tab  # noqa: E402
 import hana_storage_xfs as xfs  # noqa: E402
+
+from tests.unit.conftest import CHEAP_KDF  # noqa: E402 - the unit tier's cheap KDF settings
 
 DATA = REPO / "tests" / "unit" / "data" / "lab-mix"
 CRASHES = REPO / "build" / "fuzz"
@@ -55,19 +57,10 @@ def cryptsetup_seeds():
         key = pathlib.Path(tmp) / "key"
         key.write_bytes(bytes(range(32)))
         variants = [
-            ["--type", "luks1", "--pbkdf-force-iterations", "1000", "--hash", "sha256"],
-            ["--type", "luks2", "--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000", "--label", "fz"],
-            [
-                "--type",
-                "luks2",
-                "--pbkdf",
-                "argon2id",
-                "--pbkdf-memory",
-                "8192",
-                "--pbkdf-force-iterations",
-                "4",
-            ]
-            + ["--sector-size", "4096", "--cipher", "aes-cbc-essiv:sha256", "--key-size", "256"],
+            ["--type", "luks1", *CHEAP_KDF["pbkdf2"], "--hash", "sha256"],
+            ["--type", "luks2", *CHEAP_KDF["pbkdf2"], "--label", "fz"],
+            ["--type", "luks2", *CHEAP_KDF["argon2id"], "--sector-size", "4096"]
+            + ["--cipher", "aes-cbc-essiv:sha256", "--key-size", "256"],
         ]
         for i, extra in enumerate(variants):
             path = pathlib.Path(tmp) / f"h{i}.img"

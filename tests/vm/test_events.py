@@ -62,26 +62,48 @@ def vm(request):
     return vm
 
 
-@pytest.fixture(scope="module")
-def master(request, salt_factories, tmp_path_factory, vm):
+def master_overrides(tmp_path_factory, vm, **extra):
+    """A master on loopback serving the formula, the lab pillar and the master-side modules
+    straight from the checkout (production: salt-run saltutil.sync_all)."""
     pillar = tmp_path_factory.mktemp("pillar")
     (pillar / "top.sls").write_text("base:\n  '*':\n    - hana\n")
     (pillar / "hana.sls").write_text(yaml.safe_dump(lab_pillar(vm)))
-    port = free_port()
-    overrides = {
+    return {
         "interface": "127.0.0.1",
         "auto_accept": True,
         "file_roots": {"base": [str(REPO / "salt"), str(REPO)]},
         "pillar_roots": {"base": [str(pillar)]},
-        # master-side modules straight from the checkout (production: salt-run saltutil.sync_all)
         "runner_dirs": [str(REPO / "_runners")],
-        "engines_dirs": [str(REPO / "_engines")],
         "utils_dirs": [str(REPO / "_utils")],
-        "reactor": [{"salt/beacon/*/hana_storage/violation": [str(REACTOR_SLS)]}],
-        "engines": [{"hana_storage_exporter": {"port": port}}],
-        "hana_storage": {"cooldown": 20},
-        "gather_job_timeout": 60,  # a minion under software emulation answers find_job slowly
+        **extra,
     }
+
+
+def connect_minion(vm, master):
+    """Start the VM's salt-minion and wait until it answers; returns the master's salt CLI."""
+    vm.start_minion(master.config["ret_port"], master.config["publish_port"], MINION)
+    cli = master.salt_cli(timeout=900)
+    deadline = time.monotonic() + 600
+    # a short CLI timeout: a publish sent before the minion connected is never answered
+    while cli.run("--timeout=30", "test.ping", minion_tgt=MINION).data is not True:
+        if time.monotonic() > deadline:
+            pytest.fail(f"the minion in the VM never answered; read {vm.console} and /run/salt/minion.log")
+        time.sleep(5)
+    return cli
+
+
+@pytest.fixture(scope="module")
+def master(request, salt_factories, tmp_path_factory, vm):
+    port = free_port()
+    overrides = master_overrides(
+        tmp_path_factory,
+        vm,
+        engines_dirs=[str(REPO / "_engines")],
+        reactor=[{"salt/beacon/*/hana_storage/violation": [str(REACTOR_SLS)]}],
+        engines=[{"hana_storage_exporter": {"port": port}}],
+        hana_storage={"cooldown": 20},
+        gather_job_timeout=60,  # a minion under software emulation answers find_job slowly
+    )
     factory = salt_factories.salt_master_daemon("hana-events-master", overrides=overrides)
     with factory.started(start_timeout=120):
         factory.metrics_url = f"http://127.0.0.1:{port}/metrics"
@@ -90,16 +112,7 @@ def master(request, salt_factories, tmp_path_factory, vm):
 
 @pytest.fixture(scope="module")
 def minion(vm, master):
-    vm.start_minion(master.config["ret_port"], master.config["publish_port"], MINION)
-    cli = master.salt_cli(timeout=900)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        # a short CLI timeout: a publish sent before the minion connected is never answered
-        if cli.run("--timeout=30", "test.ping", minion_tgt=MINION).data is True:
-            break
-        time.sleep(5)
-    else:
-        pytest.fail(f"the minion in the VM never answered; read {vm.console} and /run/salt/minion.log")
+    cli = connect_minion(vm, master)
     assert cli.run("hana_storage.validate_pillar", minion_tgt=MINION).data == []
     return cli
 
