@@ -9,7 +9,6 @@ over vde-vdf (64 KiB), shared on vdg, backup on vdh. vdi-vdl carry foreign data.
 
 import base64
 import json
-import os
 import re
 
 import pytest
@@ -332,10 +331,6 @@ def identities(vm):
     }
 
 
-@pytest.mark.skipif(
-    not os.environ.get("HANA_INTERRUPT_TESTS"),
-    reason="not yet proven end to end: HANA_INTERRUPT_TESTS=1 runs it (about 5 min)",
-)
 def test_interrupted_applies_converge_without_formatting_twice(vm, first_apply):
     """A real salt-call, SIGKILLed with its children just after each step; the next apply goes on
     from there. Data already on another volume survives; nothing is formatted twice."""
