@@ -74,6 +74,7 @@ SALT_KEYS = {"interval", "disable_during_state_run", "run_once", "beacon_module"
 CONTEXT = "hana_storage.beacon"
 SIGNING = salt.crypt.PKCS1v15_SHA224
 SETTLE_SECONDS = 2  # after a kernel event, audit its volumes once more this much later
+RETRY_SECONDS = 30  # a failed full audit is tried again this soon, not a full interval later
 
 
 def __virtual__():
@@ -198,7 +199,7 @@ def _state():
         CONTEXT,
         {
             "known": {},  # finding key -> finding, as last reported
-            "last_full": None,
+            "next_full": None,  # monotonic time the next full audit is due (None: now)
             "watch": None,
             "watched": {},  # volume -> kernel names of its stack and disks
             "mountpoints": {},  # volume -> mountpoint
@@ -254,7 +255,7 @@ def beacon(config):
         devices, mounts_changed, lost = set(), False, True
         state["watch"] = state["watch"] or KernelWatch(False)
     now = time.monotonic()
-    full = lost or state["last_full"] is None or now - state["last_full"] >= config["full_audit_interval"]
+    full = lost or state["next_full"] is None or now >= state["next_full"]
     scope, trigger = None, "full"
     settle = state["settle"]
     if not full:
@@ -276,17 +277,18 @@ def beacon(config):
             return []  # the idle tick: nothing happened that touches a HANA volume
     else:
         state["settle"] = None
-    return _emit(state, _audit(state, scope, trigger, now))
+    return _emit(state, _audit(state, scope, trigger, now, config["full_audit_interval"]))
 
 
-def _audit(state, scope, trigger, now):
+def _audit(state, scope, trigger, now, full_interval):
     started = time.monotonic()
     try:
         report = __salt__["hana_storage.audit"](volumes=sorted(scope) if scope is not None else None)
     except Exception as error:  # noqa: BLE001 - a beacon must never take the minion down
         message = str(error)
         if scope is None:
-            state["last_full"] = now
+            # until a full audit succeeds, uevents map to nothing: try again soon
+            state["next_full"] = now + min(RETRY_SECONDS, full_interval)
         if message == state["error"]:
             return []
         state["error"] = message
@@ -306,6 +308,6 @@ def _audit(state, scope, trigger, now):
     out = [_events("finding_event")("violation", f, trigger, wall) for f in appeared]
     out += [_events("finding_event")("resolved", f, trigger, wall) for f in cleared]
     if scope is None:
-        state["last_full"] = now
+        state["next_full"] = now + full_interval
         out.append(_events("audit_event")(report, trigger, time.monotonic() - started, wall))
     return out

@@ -54,7 +54,7 @@ def bench():
     tick(CONFIG)  # first tick: opens the uevent socket, full audit, warm caches
     full = []
     for _ in range(FULL_SAMPLES):
-        context["hana_storage.beacon"]["last_full"] = None
+        context["hana_storage.beacon"]["next_full"] = None
         own0, kids0 = cpu()
         tick(CONFIG)
         own1, kids1 = cpu()

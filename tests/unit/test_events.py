@@ -234,8 +234,25 @@ def test_beacon_reports_an_audit_error_once(beacon):
 
     beacon.__salt__["hana_storage.audit"] = broken
     assert [e["tag"] for e in beacon.beacon([])] == ["error"]
-    beacon.__context__["hana_storage.beacon"]["last_full"] = None
+    beacon.__context__["hana_storage.beacon"]["next_full"] = None
     assert beacon.beacon([]) == []
+
+
+def test_beacon_retries_a_failed_full_audit_soon(beacon):
+    """A failed full audit leaves the beacon blind to uevents: the next one comes in seconds,
+    not a full interval later."""
+    audit = beacon.__salt__["hana_storage.audit"]
+    beacon.__salt__["hana_storage.audit"] = lambda volumes=None: (_ for _ in ()).throw(
+        TimeoutError("File client timed out after 180 seconds")
+    )
+    config = [{"full_audit_interval": 3600}]
+    assert [e["tag"] for e in beacon.beacon(config)] == ["error"]
+    state = beacon.__context__["hana_storage.beacon"]
+    assert state["next_full"] - time.monotonic() <= beacon.RETRY_SECONDS
+    beacon.__salt__["hana_storage.audit"] = audit
+    state["next_full"] = time.monotonic()  # the retry is due
+    assert "audit" in [e["tag"] for e in beacon.beacon(config)]
+    assert state["next_full"] - time.monotonic() > 3500
 
 
 # ---- signatures and triage -------------------------------------------------------------------------------
