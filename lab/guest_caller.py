@@ -9,7 +9,8 @@ parsed by Salt's CLI parser and the retcode computed as salt-call computes it. T
 gets every record at debug level.
 
 Protocol: ``req.N.json`` = {"args": "state.apply hana.storage test=True"} ->
-``ret.N.json`` = {"local": <return>, "retcode": int, "seconds": float}.
+``ret.N.json`` = {"local": <return>, "retcode": int, "seconds": float}. A request with
+``"detach": true`` runs in a forked child and is answered at once with {"local": {"pid": N}}.
 """
 
 import json
@@ -38,13 +39,17 @@ def inputs_stamp(opts):
     return max(stamps)
 
 
-def call(caller, line, state):
-    """One salt-call: current pillar and modules, empty __context__, salt-call's parsing and retcode."""
+def refresh(caller, state):
+    """Reload the pillar and the modules if a file they come from changed since the last call."""
     stamp = inputs_stamp(caller.opts)
     if stamp != state.get("stamp"):
         caller.sminion.opts["pillar"] = {}  # else the old pillar is merged into the new one
         caller.sminion.gen_modules(initial_load=True)
         state["stamp"] = stamp
+
+
+def call(caller, line):
+    """One salt-call: empty __context__, salt-call's parsing and retcode."""
     caller.sminion.functions.pack["__context__"].clear()
     fun, *cli_args = shlex.split(line)
     functions = caller.sminion.functions
@@ -58,6 +63,30 @@ def call(caller, line, state):
     return {"local": ret, "retcode": retcode}
 
 
+def detach(caller, line):
+    """Run the call in a forked child leading its own process group (as a minion forks a job),
+    so the host can SIGKILL it with its children mid-way; returns the child's pid at once."""
+    pid = os.fork()
+    if pid:
+        return pid
+    os.setsid()
+    code = 1
+    try:
+        code = call(caller, line)["retcode"]
+    except Exception:  # noqa: BLE001 - the traceback goes to caller.out
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def reply_to(caller, request, state, children):
+    refresh(caller, state)
+    if request.get("detach"):
+        children.append(detach(caller, request["args"]))
+        return {"local": {"pid": children[-1]}, "retcode": 0}
+    return call(caller, request["args"])
+
+
 def main(config_dir, spool):
     opts = salt.config.minion_config(os.path.join(config_dir, "minion"))
     opts["log_level"] = "warning"
@@ -67,19 +96,21 @@ def main(config_dir, spool):
     with open(os.path.join(spool, "ready.tmp"), "w") as handle:
         handle.write(str(os.getpid()))
     os.rename(os.path.join(spool, "ready.tmp"), os.path.join(spool, "ready"))
-    n, state = 0, {}
+    n, state, children = 0, {}, []
     while True:
         request = os.path.join(spool, f"req.{n}.json")
         if not os.path.exists(request):
             if os.path.exists(os.path.join(spool, "quit")):
                 return
+            # reap detached calls that ended (only ours: no other child is running now)
+            children[:] = [pid for pid in children if os.waitpid(pid, os.WNOHANG) == (0, 0)]
             time.sleep(0.05)
             continue
         with open(request) as handle:
-            line = json.load(handle)["args"]
+            request = json.load(handle)
         started = time.monotonic()
         try:
-            reply = call(caller, line, state)
+            reply = reply_to(caller, request, state, children)
         except Exception:  # noqa: BLE001 - the host gets the traceback, the server keeps serving
             reply = {"local": traceback.format_exc(), "retcode": 1}
         reply["seconds"] = time.monotonic() - started

@@ -379,12 +379,16 @@ class Lab:
         """Replace the guest minion's pillar (hana.sls); the next call compiles it afresh."""
         self.write("/run/salt/pillar/hana.sls", pillar_yaml, mode=0o600)
 
-    def salt(self, args, check=False, title=None, timeout=1800):
-        """Run one `salt-call` equivalent through the guest's Salt server; returns SaltResult."""
+    def salt(self, args, check=False, title=None, timeout=1800, detach=False):
+        """Run one `salt-call` equivalent through the guest's Salt server; returns SaltResult.
+
+        detach: run it in a forked child of the server, in its own process group, and return at
+        once with ``ret == {"pid": N}`` (for tests that kill an apply mid-way).
+        """
         spool = self.shared / "salt"
         n = self._salt_step
         self._salt_step += 1
-        (spool / f"req.{n}.tmp").write_text(json.dumps({"args": args}))
+        (spool / f"req.{n}.tmp").write_text(json.dumps({"args": args, "detach": detach}))
         (spool / f"req.{n}.tmp").rename(spool / f"req.{n}.json")
         say(title or f"salt-call {args}")
         reply, started = spool / f"ret.{n}.json", time.monotonic()
