@@ -13,7 +13,7 @@ demo: deps
 test: deps lint
 	$(PYTEST) tests/unit -q
 	$(PYTEST) tests/integration -q
-	$(PYTEST) tests/vm -q
+	$(PYTEST) tests/vm -q --durations=15
 
 test-unit: deps
 	$(PYTEST) tests/unit -q
@@ -22,7 +22,7 @@ test-integration: deps
 	$(PYTEST) tests/integration -q
 
 test-vm: deps
-	$(PYTEST) tests/vm -q
+	$(PYTEST) tests/vm -q --durations=15
 
 # benchmarks (about 40 min under emulation): table printed, kept in build/bench/results.{json,md}
 bench: deps

@@ -4,8 +4,6 @@ Each test module boots one VM for all its tests (software emulation is slow) in 
 directory under build/vm-tests/; VMs never run concurrently (the lab holds a machine-wide lock).
 """
 
-import json
-
 import pytest
 from hana_lab import Lab
 
@@ -27,9 +25,3 @@ def boot(request, disks=8, disk_size="2G", fresh=True, **options):
     vm.start()
     request.addfinalizer(vm.stop)
     return vm
-
-
-def salt_json(result):
-    """The 'local' return of a real `salt-call --out=json` Result."""
-    text = result.output
-    return json.loads(text[text.index("{") :])["local"]
