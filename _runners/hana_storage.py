@@ -9,7 +9,9 @@ Any minion can put any tag and data on the master's bus, so triage trusts nothin
 * whether a rule may be fixed automatically comes from the master's own rule table;
 * the fix runs on that minion only (target type ``list``: an id is never a pattern), through the
   orchestration ``hana.storage.orch.remediate``, and the minion re-audits before fixing anything;
-* one remediation or alert per minion and rule per cooldown, however many events arrive.
+* one remediation or alert per minion and rule per cooldown, however many events arrive (the
+  last action's time is a file under the master's cachedir: it holds across the reactor's
+  threads, module reloads and master restarts).
 
 Master configuration (``conf/master.d/hana-storage.conf``)::
 
@@ -20,9 +22,9 @@ Master configuration (``conf/master.d/hana-storage.conf``)::
 """
 
 import base64
+import fcntl
 import logging
 import os
-import threading
 import time
 
 import salt.client
@@ -39,8 +41,6 @@ ALERT_TAG = "hana/storage/alert"
 REMEDIATION_TAG = "hana/storage/remediation"
 REJECTED_TAG = "hana/storage/rejected"
 SIGNING = salt.crypt.PKCS1v15_SHA224
-_LAST_ACTION = {}  # (minion, rule) -> monotonic time of the last remediation or alert
-_LOCK = threading.Lock()  # the reactor runs runners in a thread pool
 
 
 def __virtual__():
@@ -97,13 +97,25 @@ def verify(tag, data):
 
 
 def _claim(minion, rule, cooldown):
-    """True when nothing was done for (minion, rule) within the cooldown; records the action."""
-    now = time.monotonic()
-    with _LOCK:
-        last = _LAST_ACTION.get((minion, rule))
-        if last is not None and now - last < cooldown:
+    """True when nothing was done for (minion, rule) within the cooldown; records the action.
+
+    ``minion`` is a verified id (``valid_id``: no path separators), ``rule`` one of the table's.
+    """
+    directory = os.path.join(__opts__["cachedir"], "hana_storage", "actions")
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    descriptor = os.open(os.path.join(directory, f"{minion}@{rule}"), os.O_RDWR | os.O_CREAT, 0o600)
+    with os.fdopen(descriptor, "r+", encoding="utf-8") as record:
+        fcntl.flock(record, fcntl.LOCK_EX)  # per open file: excludes threads and processes alike
+        try:
+            last = float(record.read() or "-inf")
+        except ValueError:
+            last = float("-inf")  # an unreadable record never blocks an action
+        now = time.time()
+        if last <= now < last + cooldown:
             return False
-        _LAST_ACTION[(minion, rule)] = now
+        record.seek(0)
+        record.truncate()
+        record.write(repr(now))
         return True
 
 

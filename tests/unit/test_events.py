@@ -6,6 +6,7 @@ event bookkeeping, signatures and forgeries, cooldowns and the metrics arithmeti
 
 import importlib.util
 import time
+from pathlib import Path
 
 import hana_storage_events as events
 import hana_storage_rules as rules
@@ -281,9 +282,14 @@ def signed(pki, minion, data, age=0):
 
 
 @pytest.fixture
-def runner(pki):
+def runner(pki, tmp_path):
     module = load("_runners/hana_storage.py", "runner_under_test")
-    module.__opts__ = {"pki_dir": str(pki), "hana_storage": {"cooldown": 300}, "minion_id_lowercase": False}
+    module.__opts__ = {
+        "pki_dir": str(pki),
+        "cachedir": str(tmp_path / "cache"),
+        "hana_storage": {"cooldown": 300},
+        "minion_id_lowercase": False,
+    }
     module.__utils__ = UTILS
     module.fired, module.orchestrations = [], []
     module._fire = lambda tag, data: module.fired.append((tag, data))
@@ -312,7 +318,6 @@ def runner(pki):
         }
 
     module.__salt__ = {"state.orchestrate": orchestrate}
-    module._LAST_ACTION.clear()
     return module
 
 
@@ -371,6 +376,20 @@ def test_flood_gets_one_action_per_minion_and_rule(runner, pki):
     assert actions.count("remediated") == 1 and actions.count("cooldown") == 9_999
     other = signed(pki, "db2", {"tag": "violation", **finding()})
     assert runner.triage("salt/beacon/db2/hana_storage/violation", other)["action"] == "remediated"
+
+
+def test_cooldown_survives_a_reload_and_ends(runner, pki):
+    """The reactor's runner module reloaded (or the master restarted): still in cooldown."""
+    data = signed(pki, "db1", {"tag": "violation", **finding()})
+    tag = "salt/beacon/db1/hana_storage/violation"
+    assert runner.triage(tag, data)["action"] == "remediated"
+    again = load("_runners/hana_storage.py", "runner_reloaded")
+    for name in ("__opts__", "__utils__", "__salt__", "_fire"):
+        setattr(again, name, getattr(runner, name))
+    assert again.triage(tag, data)["action"] == "cooldown"
+    record = Path(runner.__opts__["cachedir"]) / "hana_storage" / "actions" / "db1@HANA-PERF-002"
+    record.write_text(repr(time.time() - 301))  # the cooldown (300 s) has passed
+    assert again.triage(tag, data)["action"] == "remediated"
 
 
 # ---- the exporter ----------------------------------------------------------------------------------------
