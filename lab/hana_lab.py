@@ -241,14 +241,31 @@ class Lab:
             time.sleep(0.5)
         say(f"VM up after {time.monotonic() - started:.0f}s")
         if self.network:
-            self.run(
-                "i=0; until ip route | grep -q '^default'; do [ $i -gt 300 ] && exit 1; sleep 0.2; i=$((i+1)); "
-                "done",
-                check=True,
-                echo=False,
-                title="waiting for the guest's network (DHCP)",
-            )
+            try:
+                self._wait_for_network()
+            except LabError:
+                self.stop()
+                raise
         return self
+
+    def _wait_for_network(self):
+        """The guest's DHCP lease. virtme-ng runs `udhcpc -n` once at boot, which gives up for
+        good when its few discovers go unanswered (seen under a loaded TCG): ask again."""
+        script = pathlib.Path(VENV_BIN).parent / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
+        script = script / "site-packages" / "virtme" / "guest" / "virtme-udhcpc-script"
+        result = self.run(
+            "for try in 1 2 3 4 5 6; do\n"
+            "  i=0; while [ $i -lt 50 ]; do ip route | grep -q '^default' && exit 0; sleep 0.2; i=$((i+1)); done\n"
+            '  echo "no lease yet (try $try): asking again"\n'
+            "  for d in /sys/bus/virtio/drivers/virtio_net/virtio*/net/*; do\n"
+            f"    busybox udhcpc -i $(basename $d) -n -q -f -t 5 -T 3 -s {script} || true\n"
+            "  done\n"
+            "done; exit 1",
+            echo=False,
+            title="waiting for the guest's network (DHCP)",
+        )
+        if not result.ok:
+            raise LabError(f"the guest got no DHCP lease from QEMU user networking:\n{result.output[-1500:]}")
 
     def stop(self):
         if not self.proc:

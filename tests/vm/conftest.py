@@ -22,6 +22,6 @@ def boot(request, disks=8, disk_size="2G", fresh=True, **options):
         verbose=request.config.getoption("verbose") > 0,
         **options,
     )
+    request.addfinalizer(vm.stop)  # first: a failed start leaves no VM behind
     vm.start()
-    request.addfinalizer(vm.stop)
     return vm
