@@ -763,13 +763,12 @@ def io_check(volumes=None, size="1G", runtime=30, kpis=None, pillar=None):
 
         salt 'hana*' hana_storage.io_check volumes='[log, data]' size=4G runtime=60
     """
-    fio = _util("fio")
     if not salt.utils.path.which("fio"):
         raise CommandExecutionError("hana_storage.io_check needs fio (install the fio package)")
     plan = _plan(pillar)
     try:
-        kpi_table = fio.kpis(kpis)
-    except fio.FioError as error:
+        kpi_table = _util("fio.kpis")(kpis)
+    except ValueError as error:  # the fio util's FioError
         raise CommandExecutionError(str(error)) from None
     names = volumes or [n for n in ("log", "data") if n in plan["volumes"]]
     if isinstance(names, str):
@@ -790,15 +789,15 @@ def io_check(volumes=None, size="1G", runtime=30, kpis=None, pillar=None):
         path = os.path.join(mountpoint, IO_CHECK_FILE)
         jobs = []
         try:
-            for job in fio.PROFILES[profile]:
-                out, error = _run(fio.fio_argv(path, job, size, int(runtime)))
+            for job in _util("fio.profile_jobs")(profile):
+                out, error = _run(_util("fio.fio_argv")(path, job, size, int(runtime)))
                 if error:
                     raise CommandExecutionError(f"fio on {mountpoint} ({job['rw']} {job['bs']}): {error}")
                 try:
-                    result = fio.parse_result(out)
-                except fio.FioError as parse_error:
+                    result = _util("fio.parse_result")(out)
+                except ValueError as parse_error:
                     raise CommandExecutionError(f"fio on {mountpoint}: {parse_error}") from None
-                check = fio.verdict(profile, job, result, kpi_table)
+                check = _util("fio.verdict")(profile, job, result, kpi_table)
                 passed = passed and (check is None or check["passed"])
                 jobs.append({**job, **result, "kpi": check})
         finally:

@@ -36,6 +36,11 @@ class FioError(ValueError):
     """fio's output is not what a finished run of these jobs prints."""
 
 
+def profile_jobs(profile):
+    """The fio jobs of a profile ('log' or 'data')."""
+    return [dict(job) for job in PROFILES[profile]]
+
+
 def kpi_key(text):
     """'log:write:1m' (pillar/CLI spelling) -> ('log', 'write', '1m')."""
     parts = tuple(str(text).lower().split(":"))

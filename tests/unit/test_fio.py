@@ -84,3 +84,32 @@ def test_argv_runs_under_real_fio(tmp_path):
     argv[argv.index("--direct=1")] = "--direct=0"  # tmpfs has no O_DIRECT
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
     assert fio.parse_result(out)["ios"] > 0
+
+
+def test_io_check_reaches_the_fio_util_through_salts_loader(tmp_path, monkeypatch):
+    """The execution module as Salt loads it: ``__utils__`` holds functions, not modules."""
+    import importlib.util
+
+    import salt.config
+    import salt.loader
+
+    from tests.conftest import REPO
+
+    opts = salt.config.minion_config(None)
+    opts.update(utils_dirs=[str(REPO / "_utils")], cachedir=str(tmp_path), file_client="local")
+    spec = importlib.util.spec_from_file_location("io_check_module", REPO / "_modules" / "hana_storage.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.__utils__ = salt.loader.utils(opts)
+    module.__grains__, module.__context__ = {"virtual": "kvm"}, {}
+    monkeypatch.setattr(module.salt.utils.path, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(
+        module, "_plan", lambda pillar=None: {"volumes": {"log": {"mountpoint": str(tmp_path)}}}
+    )
+    monkeypatch.setattr(module, "_mounted_at", lambda mountpoint: True)
+    argvs = []
+    monkeypatch.setattr(module, "_run", lambda argv: (argvs.append(argv), (SAMPLE, ""))[1])
+    report = module.io_check(volumes=["log"], size="1M", runtime=1)
+    assert [job["bs"] for job in report["volumes"]["log"]["jobs"]] == ["4k", "16k", "1m"]
+    assert len(argvs) == 3 and all(argv[0] == "fio" for argv in argvs)
+    assert "hypervisor" in report["note"]
