@@ -35,7 +35,7 @@ VENV_BIN = REPO / ".venv" / "bin"
 AGENT = r"""#!/bin/sh
 # In-guest agent: run cmd.N files in order, write out.N and rc.N; stop on 'quit'.
 dir="$1"
-modprobe -a dm-mod dm-crypt dm-snapshot xfs ext4 virtio_scsi sd_mod >"$dir/modprobe.log" 2>&1
+modprobe -a dm-mod dm-crypt dm-snapshot xfs ext4 virtio_scsi sd_mod loop >"$dir/modprobe.log" 2>&1
 # The Python runtime comes on a SCSI disk (ext4), out of the way of the lab's /dev/vd* disks:
 # imports over the 9p root cost minutes.
 rt=/dev/sda; i=0
