@@ -18,6 +18,7 @@ import contextlib
 import fcntl
 import glob
 import hashlib
+import importlib.util
 import json
 import os
 import pathlib
@@ -251,8 +252,10 @@ class Lab:
     def _wait_for_network(self):
         """The guest's DHCP lease. virtme-ng runs `udhcpc -n` once at boot, which gives up for
         good when its few discovers go unanswered (seen under a loaded TCG): ask again."""
-        script = pathlib.Path(VENV_BIN).parent / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
-        script = script / "site-packages" / "virtme" / "guest" / "virtme-udhcpc-script"
+        # the script virtme-ng's init runs, from the package vng runs from (the guest sees the host's /)
+        script = (
+            pathlib.Path(importlib.util.find_spec("virtme").origin).parent / "guest" / "virtme-udhcpc-script"
+        )
         result = self.run(
             "for try in 1 2 3 4 5 6; do\n"
             "  i=0; while [ $i -lt 50 ]; do ip route | grep -q '^default' && exit 0; sleep 0.2; i=$((i+1)); done\n"

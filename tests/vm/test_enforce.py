@@ -266,14 +266,14 @@ def test_no_key_bytes_in_argv_logs_or_returns(vm, first_apply, dry_run):
 
 
 def safe_mode_pillar(vm, allow=()):
-    storage = yaml.safe_load(vm.pillar())["hana"]["storage"]
+    storage = layout(vm)
     storage["volumes"] = {
         "fs": {"mountpoint": "/hana/fs", "devices": ["/dev/vdi"], "allow_format": list(allow)},
         "pv": {"mountpoint": "/hana/pv", "devices": ["/dev/vdj"]},
         "luks": {"mountpoint": "/hana/luks", "devices": ["/dev/vdk"], "encryption": "below_lvm"},
         "gpt": {"mountpoint": "/hana/gpt", "devices": ["/dev/vdl"]},
     }
-    return yaml.safe_dump({"hana": {"storage": storage}})
+    return pillar_yaml(storage)
 
 
 def test_safe_mode_refuses_foreign_data_and_leaves_it_byte_identical(vm, first_apply):
@@ -347,8 +347,9 @@ def identities(vm):
 
 def test_interrupted_applies_converge_without_formatting_twice(vm, first_apply):
     """An apply in a forked job process (as salt-minion runs one), SIGKILLed with its children
-    just after each step; the next apply goes on from there. Data already on another volume survives; nothing is formatted twice."""
-    storage = yaml.safe_load(vm.pillar())["hana"]["storage"]
+    just after each step; the next apply goes on from there. Data already on another volume
+    survives; nothing is formatted twice."""
+    storage = layout(vm)
     storage["volumes"] = {
         "shared": storage["volumes"]["shared"],
         "extra": {
@@ -358,7 +359,7 @@ def test_interrupted_applies_converge_without_formatting_twice(vm, first_apply):
             "stripe_size": 64,
         },
     }
-    vm.set_pillar(yaml.safe_dump({"hana": {"storage": storage}}))
+    vm.set_pillar(pillar_yaml(storage))
     before = vm.run(
         "head -c 3M /dev/urandom >/hana/shared/keep.bin && sync && sha256sum /hana/shared/keep.bin",
         check=True,
