@@ -111,8 +111,9 @@ mkdir -p {BENCH_DIR} && cd {BENCH_DIR}
 if [ ! -f tpl.img ]; then
   head -c 32 /dev/urandom > key && chmod 400 key
   truncate -s 24M tpl.img
-  cryptsetup luksFormat -q --type luks2 --sector-size 4096 --pbkdf pbkdf2 --pbkdf-force-iterations 1000 \\
-    --key-file key tpl.img
+  # a 512 KiB keyslot area (default 16 MiB of random bytes): 256 copies must fit in the guest's RAM
+  cryptsetup luksFormat -q --type luks2 --sector-size 4096 --luks2-metadata-size 16k \\
+    --luks2-keyslots-size 512k --pbkdf pbkdf2 --pbkdf-force-iterations 1000 --key-file key tpl.img 2>/dev/null
 fi
 for i in $(seq {first} {last}); do
   cp --sparse=always tpl.img d$i.img  # one header UUID for all: dm names them apart
