@@ -41,6 +41,7 @@ ALERT_TAG = "hana/storage/alert"
 REMEDIATION_TAG = "hana/storage/remediation"
 REJECTED_TAG = "hana/storage/rejected"
 SIGNING = salt.crypt.PKCS1v15_SHA224
+FIRE_ATTEMPTS = 5
 
 
 def __virtual__():
@@ -51,9 +52,28 @@ def _config():
     return {**DEFAULTS, **(__opts__.get("hana_storage") or {})}
 
 
+def _send(tag, data):
+    """One try: False when the bus did not take the event.
+
+    Salt's fire_event returns False when it cannot connect and raises when the send fails; the
+    reactor would only record either in a job return nobody reads.
+    """
+    try:
+        with salt.utils.event.get_master_event(__opts__, __opts__["sock_dir"], listen=False) as bus:
+            return bus.fire_event(data, tag, timeout=5000)
+    except Exception as exc:  # noqa: BLE001 - any failure is one failed try
+        log.debug("hana_storage: putting %s on the bus failed: %s", tag, exc)
+        return False
+
+
 def _fire(tag, data):
-    with salt.utils.event.get_master_event(__opts__, __opts__["sock_dir"], listen=False) as bus:
-        bus.fire_event(data, tag)
+    """Put an event on the master's bus, retrying: a busy master refuses a connection now and then."""
+    for attempt in range(FIRE_ATTEMPTS):
+        if _send(tag, data):
+            return True
+        time.sleep(0.25 * 2**attempt)
+    log.error("hana_storage: %s could not be put on the master's event bus", tag)
+    return False
 
 
 def verify(tag, data):
@@ -119,11 +139,19 @@ def _claim(minion, rule, cooldown):
         return True
 
 
+def _release(minion, rule):
+    """Forget the action recorded by _claim: the alert it stood for never left the master."""
+    path = os.path.join(__opts__["cachedir"], "hana_storage", "actions", f"{minion}@{rule}")
+    with open(path, "r+", encoding="utf-8") as record:
+        fcntl.flock(record, fcntl.LOCK_EX)
+        record.truncate()
+
+
 def triage(tag, data):
     """
     Decide what to do about one violation event (the reactor calls this; see the module doc).
 
-    Returns ``{"action": "remediated"|"remediation-failed"|"alerted"|"cooldown"|"rejected"|"ignored", ...}``.
+    Returns ``{"action": "remediated"|"remediation-failed"|"alerted"|"alert-failed"|"cooldown"|"rejected"|"ignored", ...}``.
 
     CLI Example (what the reactor does):
 
@@ -149,7 +177,9 @@ def triage(tag, data):
     finding = {k: data.get(k) for k in ("rule", "volume", "mountpoint", "device", "message")}
     finding["severity"] = known[rule]["severity"]
     if known[rule]["remediation"] != "auto":
-        _fire(ALERT_TAG, {"minion": minion, **finding, "remediation": "manual"})
+        if not _fire(ALERT_TAG, {"minion": minion, **finding, "remediation": "manual"}):
+            _release(minion, rule)  # the next violation event alerts again, not the cooldown
+            return {"action": "alert-failed", "minion": minion, "rule": rule}
         return {"action": "alerted", "minion": minion, "rule": rule}
     outcome = __salt__["state.orchestrate"](
         "hana.storage.orch.remediate",

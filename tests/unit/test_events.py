@@ -292,7 +292,7 @@ def runner(pki, tmp_path):
     }
     module.__utils__ = UTILS
     module.fired, module.orchestrations = [], []
-    module._fire = lambda tag, data: module.fired.append((tag, data))
+    module._fire = lambda tag, data: module.fired.append((tag, data)) or True
 
     def orchestrate(mods, pillar):
         module.orchestrations.append(pillar["hana_storage_remediation"])
@@ -390,6 +390,28 @@ def test_cooldown_survives_a_reload_and_ends(runner, pki):
     record = Path(runner.__opts__["cachedir"]) / "hana_storage" / "actions" / "db1@HANA-PERF-002"
     record.write_text(repr(time.time() - 301))  # the cooldown (300 s) has passed
     assert again.triage(tag, data)["action"] == "remediated"
+
+
+def test_an_alert_the_bus_refused_is_retried_then_released(runner, pki, monkeypatch):
+    """A busy master refuses fire_event's connection (it returns False): triage tries again, and
+    an alert that never left is forgotten, so the next violation alerts instead of cooling down."""
+    fresh = load("_runners/hana_storage.py", "runner_firing")
+    for name in ("__opts__", "__utils__", "__salt__"):
+        setattr(fresh, name, getattr(runner, name))
+    monkeypatch.setattr(fresh.time, "sleep", lambda seconds: None)
+    tries = []
+    monkeypatch.setattr(fresh, "_send", lambda tag, data: tries.append(tag) or len(tries) > 2)
+    first = signed(pki, "db1", {"tag": "violation", **finding("HANA-ENC-001")})
+    assert fresh.triage("salt/beacon/db1/hana_storage/violation", first)["action"] == "alerted"
+    assert tries == ["hana/storage/alert"] * 3
+    tag, other = (
+        "salt/beacon/db2/hana_storage/violation",
+        signed(pki, "db2", {"tag": "violation", **finding("HANA-ENC-001")}),
+    )
+    monkeypatch.setattr(fresh, "_send", lambda tag, data: False)
+    assert fresh.triage(tag, other)["action"] == "alert-failed"
+    monkeypatch.setattr(fresh, "_send", lambda tag, data: True)
+    assert fresh.triage(tag, other)["action"] == "alerted"
 
 
 # ---- the exporter ----------------------------------------------------------------------------------------
