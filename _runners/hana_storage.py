@@ -69,9 +69,10 @@ def _send(tag, data):
 def _fire(tag, data):
     """Put an event on the master's bus, retrying: a busy master refuses a connection now and then."""
     for attempt in range(FIRE_ATTEMPTS):
+        if attempt:
+            time.sleep(0.25 * 2**attempt)  # between tries only
         if _send(tag, data):
             return True
-        time.sleep(0.25 * 2**attempt)
     log.error("hana_storage: %s could not be put on the master's event bus", tag)
     return False
 
@@ -116,14 +117,19 @@ def verify(tag, data):
     return None
 
 
+def _action_record(minion, rule):
+    """The file holding the time of the last action for (minion, rule)."""
+    return os.path.join(__opts__["cachedir"], "hana_storage", "actions", f"{minion}@{rule}")
+
+
 def _claim(minion, rule, cooldown):
     """True when nothing was done for (minion, rule) within the cooldown; records the action.
 
     ``minion`` is a verified id (``valid_id``: no path separators), ``rule`` one of the table's.
     """
-    directory = os.path.join(__opts__["cachedir"], "hana_storage", "actions")
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    descriptor = os.open(os.path.join(directory, f"{minion}@{rule}"), os.O_RDWR | os.O_CREAT, 0o600)
+    path = _action_record(minion, rule)
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     with os.fdopen(descriptor, "r+", encoding="utf-8") as record:
         fcntl.flock(record, fcntl.LOCK_EX)  # per open file: excludes threads and processes alike
         try:
@@ -141,8 +147,7 @@ def _claim(minion, rule, cooldown):
 
 def _release(minion, rule):
     """Forget the action recorded by _claim: the alert it stood for never left the master."""
-    path = os.path.join(__opts__["cachedir"], "hana_storage", "actions", f"{minion}@{rule}")
-    with open(path, "r+", encoding="utf-8") as record:
+    with open(_action_record(minion, rule), "r+", encoding="utf-8") as record:
         fcntl.flock(record, fcntl.LOCK_EX)
         record.truncate()
 
