@@ -113,7 +113,7 @@ if [ ! -f tpl.img ]; then
   truncate -s 24M tpl.img
   # a 512 KiB keyslot area (default 16 MiB of random bytes): 256 copies must fit in the guest's RAM
   cryptsetup luksFormat -q --type luks2 --sector-size 4096 --luks2-metadata-size 16k \\
-    --luks2-keyslots-size 512k --pbkdf pbkdf2 --pbkdf-force-iterations 1000 --key-file key tpl.img 2>/dev/null
+    --luks2-keyslots-size 512k --pbkdf pbkdf2 --pbkdf-force-iterations 1000 --key-file key tpl.img
 fi
 for i in $(seq {first} {last}); do
   cp --sparse=always tpl.img d$i.img  # one header UUID for all: dm names them apart
