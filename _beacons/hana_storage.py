@@ -23,7 +23,9 @@ Events (``salt/beacon/<minion>/hana_storage/<event>``), never with key material:
     A finding cleared; the same fields as the violation it ends.
 ``audit``
     After each full audit: compliant, per-volume compliance and failing rules, findings, by_rule,
-    seconds, ts, sig.
+    open (finding key: severity), since (finding key: the ts of its violation event), seconds,
+    ts, sig. The master's triage reconciles from it: an open finding whose violation it never
+    handled (a reaction Salt lost, a master that was down) is acted on now.
 ``error``
     The audit could not run (invalid pillar, dmsetup failing ...): message, ts, sig. Once per
     distinct message.
@@ -199,6 +201,7 @@ def _state():
         CONTEXT,
         {
             "known": {},  # finding key -> finding, as last reported
+            "since": {},  # finding key -> wall time of its violation event
             "next_full": None,  # monotonic time the next full audit is due (None: now)
             "watch": None,
             "watched": {},  # volume -> kernel names of its stack and disks
@@ -305,9 +308,14 @@ def _audit(state, scope, trigger, now, full_interval):
         state["watched"].update(watched)
     state["known"], appeared, cleared = _events("diff_findings")(state["known"], report["findings"], scope)
     wall = time.time()
+    key = _events("finding_key")
+    state["since"].update({key(f): wall for f in appeared})
+    for finding in cleared:
+        state["since"].pop(key(finding), None)
     out = [_events("finding_event")("violation", f, trigger, wall) for f in appeared]
     out += [_events("finding_event")("resolved", f, trigger, wall) for f in cleared]
     if scope is None:
         state["next_full"] = now + full_interval
-        out.append(_events("audit_event")(report, trigger, time.monotonic() - started, wall))
+        seconds = time.monotonic() - started
+        out.append(_events("audit_event")(report, trigger, seconds, wall, state["since"]))
     return out

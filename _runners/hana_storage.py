@@ -1,6 +1,7 @@
 """
 Fleet side of the HANA storage formula: the fleet compliance report, and the triage the reactor
-runs for each ``salt/beacon/<minion>/hana_storage/violation`` event.
+runs for each ``salt/beacon/<minion>/hana_storage/violation`` event and each ``.../audit`` event
+that lists open findings.
 
 Any minion can put any tag and data on the master's bus, so triage trusts nothing in an event:
 
@@ -9,9 +10,15 @@ Any minion can put any tag and data on the master's bus, so triage trusts nothin
 * whether a rule may be fixed automatically comes from the master's own rule table;
 * the fix runs on that minion only (target type ``list``: an id is never a pattern), through the
   orchestration ``hana.storage.orch.remediate``, and the minion re-audits before fixing anything;
-* one remediation or alert per minion and rule per cooldown, however many events arrive (the
-  last action's time is a file under the master's cachedir: it holds across the reactor's
-  threads, module reloads and master restarts).
+* one remediation or alert per minion and rule per cooldown, however many events arrive, and
+  never two for one occurrence of a finding (a file per minion and rule under the master's
+  cachedir: it holds across the reactor's threads, module reloads and master restarts);
+* events are edges, and Salt's reactor can lose one (its worker pool drops a reaction whose
+  runner client fails to start, logging it at debug level only); the minion's ``audit`` event
+  after each full audit lists every open finding with the time it was first reported, and
+  triage acts on each occurrence it has not handled: a lost reaction, a finding deferred by
+  the cooldown, or one raised while the master was down is handled within one full-audit
+  interval.
 
 Master configuration (``conf/master.d/hana-storage.conf``)::
 
@@ -22,7 +29,9 @@ Master configuration (``conf/master.d/hana-storage.conf``)::
 """
 
 import base64
+import contextlib
 import fcntl
+import json
 import logging
 import os
 import time
@@ -118,45 +127,95 @@ def verify(tag, data):
 
 
 def _action_record(minion, rule):
-    """The file holding the time of the last action for (minion, rule)."""
+    """The file holding, for (minion, rule), the last action's time and the occurrences handled."""
     return os.path.join(__opts__["cachedir"], "hana_storage", "actions", f"{minion}@{rule}")
 
 
-def _claim(minion, rule, cooldown):
-    """True when nothing was done for (minion, rule) within the cooldown; records the action.
+def _read_record(record):
+    """{"at": last action time or None, "handled": {finding key: since}}; an older record held
+    only the time; an unreadable one never blocks an action."""
+    text = record.read()
+    try:
+        loaded = json.loads(text) if text else {}
+    except ValueError:
+        loaded = {}
+    if isinstance(loaded, int | float):
+        loaded = {"at": loaded}
+    if not isinstance(loaded, dict):
+        loaded = {}
+    at, handled = loaded.get("at"), loaded.get("handled")
+    return {
+        "at": at if isinstance(at, int | float) else None,
+        "handled": handled if isinstance(handled, dict) else {},
+    }
+
+
+@contextlib.contextmanager
+def _locked_record(minion, rule):
+    """The action record of (minion, rule), read under an exclusive lock; written back on exit.
 
     ``minion`` is a verified id (``valid_id``: no path separators), ``rule`` one of the table's.
     """
     path = _action_record(minion, rule)
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    with os.fdopen(descriptor, "r+", encoding="utf-8") as record:
-        fcntl.flock(record, fcntl.LOCK_EX)  # per open file: excludes threads and processes alike
-        try:
-            last = float(record.read() or "-inf")
-        except ValueError:
-            last = float("-inf")  # an unreadable record never blocks an action
+    with os.fdopen(descriptor, "r+", encoding="utf-8") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # per open file: excludes threads and processes alike
+        record = _read_record(handle)
+        before = json.dumps(record, sort_keys=True)
+        yield record
+        if json.dumps(record, sort_keys=True) != before:
+            handle.seek(0)
+            handle.truncate()
+            handle.write(json.dumps(record, sort_keys=True))
+
+
+def _claim(minion, rule, key, since, cooldown):
+    """What to do about one occurrence of a finding: ``key`` first reported at ``since``.
+
+    "act" (recorded: this occurrence is handled), "duplicate" (it was handled already: a repeated
+    or reconciled event) or "cooldown" (an action for this rule within the cooldown: not
+    recorded, so the minion's next audit event brings it back once the cooldown is over).
+    """
+    with _locked_record(minion, rule) as record:
+        if key in record["handled"] and record["handled"][key] == since:
+            return "duplicate"
         now = time.time()
-        if last <= now < last + cooldown:
-            return False
-        record.seek(0)
-        record.truncate()
-        record.write(repr(now))
-        return True
+        if record["at"] is not None and record["at"] <= now < record["at"] + cooldown:
+            return "cooldown"
+        record["at"] = now
+        record["handled"][key] = since
+        return "act"
 
 
-def _release(minion, rule):
-    """Forget the action recorded by _claim: the alert it stood for never left the master."""
-    with open(_action_record(minion, rule), "r+", encoding="utf-8") as record:
-        fcntl.flock(record, fcntl.LOCK_EX)
-        record.truncate()
+def _release(minion, rule, key):
+    """Forget the action _claim recorded: the alert it stood for never left the master."""
+    with _locked_record(minion, rule) as record:
+        record["at"] = None
+        record["handled"].pop(key, None)
+
+
+def _violation_finding(data):
+    """The finding a violation event reports, with the occurrence it is (key, since)."""
+    finding = {k: data.get(k) for k in ("rule", "volume", "mountpoint", "device", "message")}
+    finding["key"] = data.get("key") or __utils__["hana_storage_events.finding_key"](finding)
+    finding["since"] = data.get("ts")
+    return finding
 
 
 def triage(tag, data):
     """
-    Decide what to do about one violation event (the reactor calls this; see the module doc).
+    Decide what to do about a beacon event (the reactor calls this; see the module doc).
 
-    Returns ``{"action": "remediated"|"remediation-failed"|"alerted"|"alert-failed"|"cooldown"|"rejected"|"ignored", ...}``.
+    A ``violation`` event is one finding; an ``audit`` event lists every open finding with the
+    time its violation was first reported, and each occurrence not handled yet (its reaction
+    lost, or deferred by the cooldown) is handled now. The same occurrence is never acted on
+    twice.
+
+    Returns ``{"action": "remediated"|"remediation-failed"|"alerted"|"alert-failed"|"cooldown"|
+    "duplicate"|"rejected"|"ignored", ...}`` for a violation, and
+    ``{"action": "reconciled", "minion": ..., "findings": [one such result per open finding]}``
+    for an audit event.
 
     CLI Example (what the reactor does):
 
@@ -164,43 +223,55 @@ def triage(tag, data):
 
         salt-run hana_storage.triage tag=salt/beacon/db1/hana_storage/violation data='{...}'
     """
-    config = _config()
     minion, event = __utils__["hana_storage_events.minion_of_tag"](tag)
-    if event != "violation" or not isinstance(data, dict):
-        return {"action": "ignored", "reason": "not a hana_storage violation event"}
+    if event not in ("violation", "audit") or not isinstance(data, dict):
+        return {"action": "ignored", "reason": "not a hana_storage violation or audit event"}
     problem = verify(tag, data)
     if problem:
         log.warning("hana_storage: rejected %s: %s", tag, problem["reason"])
         _fire(REJECTED_TAG, {"tag": tag, "claimed_minion": minion, **problem, "rule": data.get("rule")})
         return {"action": "rejected", "minion": minion, **problem}
-    rule = data.get("rule")
-    known = __utils__["hana_storage_rules.rule_table"]()
-    if rule not in known:
-        return {"action": "ignored", "minion": minion, "reason": f"unknown rule {rule!r}"}
-    if not _claim(minion, rule, config["cooldown"]):
-        return {"action": "cooldown", "minion": minion, "rule": rule}
-    finding = {k: data.get(k) for k in ("rule", "volume", "mountpoint", "device", "message")}
-    finding["severity"] = known[rule]["severity"]
-    if known[rule]["remediation"] != "auto":
-        if not _fire(ALERT_TAG, {"minion": minion, **finding, "remediation": "manual"}):
-            _release(minion, rule)  # the next violation event alerts again, not the cooldown
-            return {"action": "alert-failed", "minion": minion, "rule": rule}
-        return {"action": "alerted", "minion": minion, "rule": rule}
-    outcome = __salt__["state.orchestrate"](
-        "hana.storage.orch.remediate",
-        pillar={"hana_storage_remediation": {"minion": minion, "rules": [rule]}},
-    )
-    ok, detail = _orchestration_result(outcome, minion)
-    _fire(
-        REMEDIATION_TAG,
-        {"minion": minion, **finding, "result": "fixed" if ok else "failed", "detail": detail},
-    )
-    return {
-        "action": "remediated" if ok else "remediation-failed",
-        "minion": minion,
-        "rule": rule,
-        "detail": detail,
-    }
+    if event == "violation":
+        return _handle(minion, [_violation_finding(data)], event)[0]
+    findings = __utils__["hana_storage_events.open_findings"](data)
+    return {"action": "reconciled", "minion": minion, "findings": _handle(minion, findings, event)}
+
+
+def _handle(minion, findings, via):
+    """One result per finding: alert the manual ones, remediate the auto ones in one orchestration."""
+    config, known = _config(), __utils__["hana_storage_rules.rule_table"]()
+    results, to_fix = [], []
+    for finding in findings:
+        rule = finding.get("rule")
+        if rule not in known:
+            results.append({"action": "ignored", "minion": minion, "reason": f"unknown rule {rule!r}"})
+            continue
+        claim = _claim(minion, rule, finding["key"], finding["since"], config["cooldown"])
+        if claim != "act":
+            results.append({"action": claim, "minion": minion, "rule": rule})
+            continue
+        facts = {k: finding.get(k) for k in ("rule", "volume", "mountpoint", "device", "message")}
+        facts.update(severity=known[rule]["severity"], via=via)
+        if known[rule]["remediation"] == "auto":
+            to_fix.append(facts)
+        elif _fire(ALERT_TAG, {"minion": minion, **facts, "remediation": "manual"}):
+            results.append({"action": "alerted", "minion": minion, "rule": rule})
+        else:
+            _release(minion, rule, finding["key"])  # the next event alerts again, not the cooldown
+            results.append({"action": "alert-failed", "minion": minion, "rule": rule})
+    if to_fix:
+        rules = sorted({facts["rule"] for facts in to_fix})
+        outcome = __salt__["state.orchestrate"](
+            "hana.storage.orch.remediate",
+            pillar={"hana_storage_remediation": {"minion": minion, "rules": rules}},
+        )
+        ok, detail = _orchestration_result(outcome, minion)
+        for facts in to_fix:
+            result = "fixed" if ok else "failed"
+            _fire(REMEDIATION_TAG, {"minion": minion, **facts, "result": result, "detail": detail})
+            action = "remediated" if ok else "remediation-failed"
+            results.append({"action": action, "minion": minion, "rule": facts["rule"], "detail": detail})
+    return results
 
 
 def _orchestration_result(outcome, minion):

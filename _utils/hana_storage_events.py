@@ -80,8 +80,14 @@ def finding_event(tag, finding, trigger, now):
     }
 
 
-def audit_event(report, trigger, seconds, now):
-    """The summary after a full audit: per volume compliant and failing rules, counts per rule."""
+def audit_event(report, trigger, seconds, now, since=None):
+    """The summary after a full audit: per volume compliant and failing rules, counts per rule.
+
+    ``since``: {finding key: when it was first reported (its violation event's ts)}. The audit
+    event repeats it for every open finding, so the master can act on a finding whose violation
+    event it never handled (see ``open_findings``).
+    """
+    since = since or {}
     by_rule = {}
     for finding in report["findings"]:
         entry = by_rule.setdefault(finding["rule"], {"severity": finding["severity"], "count": 0})
@@ -96,10 +102,42 @@ def audit_event(report, trigger, seconds, now):
         "findings": len(report["findings"]),
         "by_rule": by_rule,
         "open": {finding_key(f): f["severity"] for f in report["findings"]},
+        "since": {finding_key(f): since.get(finding_key(f), now) for f in report["findings"]},
         "trigger": trigger,
         "seconds": round(seconds, 3),
         "ts": now,
     }
+
+
+def open_findings(audit):
+    """The open findings an audit event lists, each as triage takes a violation: rule, volume,
+    device, mountpoint, key, since (the ts of the violation event that first reported it).
+
+    Entries of another shape are skipped: the event is signed, but triage trusts no shape.
+    """
+    audit = audit if isinstance(audit, dict) else {}
+    since, volumes = audit.get("since"), audit.get("volumes")
+    volumes = volumes if isinstance(volumes, dict) else {}
+    findings = []
+    for key, first in sorted(since.items(), key=str) if isinstance(since, dict) else ():
+        parts = key.split("|", 2) if isinstance(key, str) else []
+        if len(parts) != 3 or isinstance(first, bool) or not isinstance(first, int | float):
+            continue
+        rule, volume, device = parts
+        entry = volumes.get(volume)
+        mountpoint = entry.get("mountpoint") if isinstance(entry, dict) else None
+        findings.append(
+            {
+                "rule": rule,
+                "volume": volume,
+                "device": device,
+                "mountpoint": mountpoint,
+                "key": key,
+                "since": first,
+                "message": f"{rule} open on {volume} ({device}), listed by the minion's full audit",
+            }
+        )
+    return findings
 
 
 def signed_bytes(minion, tag, data):

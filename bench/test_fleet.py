@@ -5,12 +5,19 @@ Prometheus exporter. The simulated minions are accepted keys in the master's PKI
 share one RSA key pair: signing is what is simulated, verifying is real), and their signed
 violation events are put on the master's event bus on loopback, the way the master itself
 forwards a beacon's events. Every finding is a `manual` rule seen for the first time, so each
-event must end as exactly one alert: the exporter's violation counters and the reactor's alert
-counters must both reach 10,000 exactly - not one lost, not one doubled.
+finding must end as exactly one alert.
+
+Two rounds, as on a real fleet: the burst of 10,000 violation events, then each minion's audit
+event (the beacon sends one after every full audit) listing its 10 open findings with the time
+their violation was sent. Salt's reactor can lose a reaction (a worker thread that fails to
+start the runner client is logged at debug level only: the bench counts triage's starts and
+returns on the bus), and the audit round is what hands such a finding to triage again. The
+exporter must count all 10,000 violations and the alerts must end at 10,000 exactly: not one
+lost, not one doubled (every finding alerted already must come back `duplicate`).
 
 Reported: the rate events were put on the bus, the exporter's and the reactor's sustained
 processing rates (events/s from the first event to the last one counted) - the slower of the two
-is where one master saturates.
+is where one master saturates - and the reactions the violation round lost.
 
 Two masters run, one after the other, both with all 1,000 keys accepted: first with Salt's
 defaults (a sample of the events: its reactor manages ~2 events/s), then with the large-fleet
@@ -19,9 +26,11 @@ rates is what the tuning buys, measured in the same run.
 """
 
 import base64
+import collections
 import contextlib
 import os
 import socket
+import threading
 import time
 import urllib.request
 
@@ -31,11 +40,12 @@ import salt.crypt
 import salt.utils.event
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import REPO
+from tests.conftest import REPO, shipped_reactor
 
-REACTOR_SLS = REPO / "salt" / "hana" / "storage" / "reactor" / "violation.sls"
+REACTOR = shipped_reactor()
 
 MINIONS, FINDINGS = int(os.environ.get("BENCH_MINIONS", 1000)), 10
+WITHHOLD_EVERY = 1000  # one violation in this many never reaches the bus: the audit round must catch it
 DEFAULTS_SAMPLE = 300  # events sent to the master with Salt's defaults (~100 s at its rate)
 # conf/master.d/hana-storage.conf: a runner job's job-cache record matches the master's id
 # against every accepted key (O(keys) per reaction), and the publisher drops a subscriber - the
@@ -59,7 +69,7 @@ def master(salt_factories, name, tuning):
         "runner_dirs": [str(REPO / "_runners")],
         "engines_dirs": [str(REPO / "_engines")],
         "utils_dirs": [str(REPO / "_utils")],
-        "reactor": [{"salt/beacon/*/hana_storage/violation": [str(REACTOR_SLS)]}],
+        "reactor": REACTOR,
         "engines": [{"hana_storage_exporter": {"port": port}}],
         "hana_storage": {"cooldown": 3600, "max_event_age": 7200},  # the backlog drains for minutes
         "reactor_worker_hwm": 20000,  # the queue must hold a burst of 10,000 (Salt's default: 10,000)
@@ -82,10 +92,16 @@ def totals(master):
     return sums
 
 
-def signed_events(master, limit=None):
-    """10,000 violation events from 1,000 accepted minions, signed the way the beacon signs.
+def sign(key, minion, event, data):
+    message = events.signed_bytes(minion, event, data)
+    return {**data, "sig": base64.b64encode(key.sign(message, salt.crypt.PKCS1v15_SHA224)).decode()}
 
-    All minions' keys are accepted; ``limit`` signs only the first events.
+
+def simulated_fleet(master, limit=None):
+    """(violation events, audit events) of 1,000 accepted minions, signed as the beacon signs.
+
+    All minions' keys are accepted; ``limit`` keeps only the first violations (and the audits of
+    their minions, listing just those findings).
     """
     pki = master.config["pki_dir"]
     pub, pem = REPO / "build" / "bench" / "sim.pub", REPO / "build" / "bench" / "sim.pem"
@@ -96,15 +112,16 @@ def signed_events(master, limit=None):
         pub.write_text(public)
     key = salt.crypt.PrivateKey.from_file(str(pem))
     minions_dir = f"{pki}/minions"
-    out, now = [], time.time()
+    violations, audits, now = [], [], time.time()
     for m in range(MINIONS):
         minion = f"sim-{m:04d}"
         with open(f"{minions_dir}/{minion}", "w", encoding="utf-8") as handle:
             handle.write(pub.read_text())
+        found = []
         for rule in MANUAL_RULES[:FINDINGS]:
-            if limit is not None and len(out) >= limit:
+            if limit is not None and len(violations) >= limit:
                 break
-            data = {
+            finding = {
                 "rule": rule,
                 "severity": rules.RULES[rule][0],
                 "volume": "data",
@@ -112,68 +129,150 @@ def signed_events(master, limit=None):
                 "device": "/dev/vda",
                 "remediation": "manual",
                 "message": "simulated",
-                "key": f"{rule}|data|/dev/vda",
-                "trigger": "uevent",
-                "ts": now,
             }
-            tag = f"salt/beacon/{minion}/hana_storage/violation"
-            message = events.signed_bytes(minion, "violation", data)
-            data["sig"] = base64.b64encode(key.sign(message, salt.crypt.PKCS1v15_SHA224)).decode()
-            out.append((tag, data))
-    return out
+            found.append(finding)
+            data = {**finding, "key": events.finding_key(finding), "trigger": "uevent", "ts": now}
+            violations.append(
+                (f"salt/beacon/{minion}/hana_storage/violation", sign(key, minion, "violation", data))
+            )
+        if found:
+            report = {
+                "compliant": False,
+                "findings": found,
+                "volumes": {
+                    "data": {
+                        "compliant": False,
+                        "rules": [f["rule"] for f in found],
+                        "mountpoint": "/hana/data",
+                    }
+                },
+            }
+            since = {events.finding_key(f): now for f in found}
+            data = events.audit_event(report, "full", 1.0, now, since)
+            data.pop("tag")
+            audits.append((f"salt/beacon/{minion}/hana_storage/audit", sign(key, minion, "audit", data)))
+    return violations, audits
 
 
-def wait_for_count(master, name, expected, started, timeout=1800):
-    """Seconds from ``started`` until counter ``name`` reached ``expected``; fails on more or stall."""
-    last, last_change = -1, time.monotonic()
-    while True:
-        count = totals(master).get(name, 0)
-        if count >= expected:
-            assert count == expected, f"{name} = {count}: events counted twice"
-            return time.monotonic() - started
-        if count != last:
-            last, last_change = count, time.monotonic()
-        assert time.monotonic() - last_change < 120, f"{name} stalled at {count} of {expected}"
-        assert time.monotonic() - started < timeout, f"{name} at {count} of {expected} after {timeout}s"
-        time.sleep(0.5)
+class TriageTally:
+    """Counts, on the master's bus, the triage runner jobs that started and what they returned."""
+
+    def __init__(self, master):
+        self.opts, self.started, self.returned = master.config, 0, collections.Counter()
+        self.findings = collections.Counter()  # per-finding actions of the reconciling jobs
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.follow, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        time.sleep(1)  # subscribed before the first event is fired
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+
+    def follow(self):
+        with salt.utils.event.get_master_event(self.opts, self.opts["sock_dir"], listen=True) as bus:
+            while not self.stop.is_set():
+                event = bus.get_event(wait=1, full=True, tag="salt/run/")
+                if not event or event["data"].get("fun") != "runner.hana_storage.triage":
+                    continue
+                if event["tag"].endswith("/new"):
+                    self.started += 1
+                elif event["tag"].endswith("/ret"):
+                    ret = event["data"].get("return")
+                    action = ret.get("action") if isinstance(ret, dict) else "exception"
+                    self.returned[action] += 1
+                    for finding in ret.get("findings", []) if action == "reconciled" else ():
+                        self.findings[finding["action"]] += 1
 
 
-def run_fleet(master, batch):
-    """(events/s onto the bus, exporter events/s, reactor events/s); every counter exact."""
-    before = totals(master)
-    assert not before.get("hana_storage_violations_total")
+def fire(master, batch):
+    """Put ``batch`` on the master's bus; seconds it took."""
     started = time.monotonic()
     with salt.utils.event.get_master_event(master.config, master.config["sock_dir"], listen=False) as bus:
         for tag, data in batch:
-            bus.fire_event(data, tag)
-    fired = time.monotonic() - started
-    exporter = wait_for_count(master, "hana_storage_violations_total", len(batch), started)
-    reactor = wait_for_count(master, "hana_storage_alerts_total", len(batch), started)
+            assert bus.fire_event(data, tag), f"the master's bus refused {tag}"
+    return time.monotonic() - started
+
+
+def settle(read, expected, started, quiet=30, timeout=1800):
+    """Seconds from ``started`` until ``read()`` reached ``expected`` or stopped moving for
+    ``quiet`` seconds (a lost reaction never arrives): (value, seconds to its last change)."""
+    value, changed = read(), time.monotonic()
+    while value < expected and time.monotonic() - changed < quiet:
+        assert time.monotonic() - started < timeout, f"{value} of {expected} after {timeout}s"
+        time.sleep(0.5)
+        now = read()
+        if now != value:
+            value, changed = now, time.monotonic()
+    assert value <= expected, f"{value} counted, {expected} expected: counted twice"
+    return value, changed - started
+
+
+def run_fleet(master, violations, audits):
+    """The violation burst, then the audit round; every counter checked. Returns the figures.
+
+    One violation in WITHHOLD_EVERY is never put on the bus (as if the master had been down):
+    the audit round must alert on those too, exactly like on the ones the reactor lost.
+    """
+    assert not totals(master).get("hana_storage_violations_total")
+    n = len(violations)
+    sent = [v for i, v in enumerate(violations) if i % WITHHOLD_EVERY != WITHHOLD_EVERY - 1]
+    with TriageTally(master) as tally:
+        started = time.monotonic()
+        fired = fire(master, sent)
+        counted, exporter = settle(
+            lambda: totals(master).get("hana_storage_violations_total", 0), len(sent), started
+        )
+        assert counted == len(sent), f"the exporter counted {counted} of {len(sent)} violations"
+        alerted, reactor = settle(
+            lambda: totals(master).get("hana_storage_alerts_total", 0), len(sent), started
+        )
+        alerted, reacted = int(alerted), (tally.started, sum(tally.returned.values()))
+        audit_started = time.monotonic()
+        fire(master, audits)
+        settle(lambda: tally.returned["reconciled"], len(audits), audit_started)
+        final = totals(master).get("hana_storage_alerts_total", 0)
     assert totals(master).get("hana_storage_rejected_events_total", 0) == 0
-    n = len(batch)
-    return n / fired, n / exporter, n / reactor
+    assert final == n, f"{final} alerts for {n} findings after the audit round: {dict(tally.findings)}"
+    assert tally.findings["alerted"] == n - alerted and tally.findings["duplicate"] == alerted
+    return {
+        "fired": len(sent) / fired,
+        "exporter": len(sent) / exporter,
+        "reactor": alerted / reactor,
+        "withheld": n - len(sent),
+        "lost": len(sent) - alerted,
+        "triage started/returned": reacted,
+        "audit round": tally.findings,
+    }
 
 
 def test_fleet_events_none_lost(salt_factories, bench):
     with master(salt_factories, "hana-fleet-defaults", {}) as plain:
-        _, _, default_rate = run_fleet(plain, signed_events(plain, DEFAULTS_SAMPLE))
+        default = run_fleet(plain, *simulated_fleet(plain, DEFAULTS_SAMPLE))
     with master(salt_factories, "hana-fleet-master", LARGE_FLEET) as tuned:
-        batch = signed_events(tuned)
-        fired, exporter, reactor = run_fleet(tuned, batch)
-    n = len(batch)
-    bench.record("fleet: events put on the bus", "events/s", [fired], note=f"{MINIONS} minions x {FINDINGS}")
+        violations, audits = simulated_fleet(tuned)
+        fleet = run_fleet(tuned, violations, audits)
+    n, sent = len(violations), len(violations) - fleet["withheld"]
+    started, returned = fleet["triage started/returned"]
+    audit_round = fleet["audit round"]
+    bench.record(
+        "fleet: events put on the bus", "events/s", [fleet["fired"]], note=f"{MINIONS} minions x {FINDINGS}"
+    )
     bench.record(
         "fleet: exporter sustained rate",
         "events/s",
-        [exporter],
-        target=f"all {n} counted",
+        [fleet["exporter"]],
+        target=f"all {sent} sent counted",
         met=True,
         note="signature verified per event",
     )
     bench.record(
         "fleet: reactor + triage, Salt defaults",
         "events/s",
-        [default_rate],
+        [default["reactor"]],
         target=f"all {DEFAULTS_SAMPLE} alerted once",
         met=True,
         note=f"{MINIONS} keys accepted; each runner job's job-cache record matches every key",
@@ -181,9 +280,27 @@ def test_fleet_events_none_lost(salt_factories, bench):
     bench.record(
         "fleet: reactor + triage sustained rate",
         "events/s",
-        [reactor],
+        [fleet["reactor"]],
         target=f"all {n} alerted once",
         met=True,
         note="the saturation point, with the large-fleet settings: one runner job per event",
     )
-    bench.record("fleet: reactor, large-fleet settings / Salt defaults", "x", [reactor / default_rate])
+    bench.record(
+        "fleet: violations the reactor lost",
+        "events",
+        [fleet["lost"]],
+        note=f"of {sent} sent: triage started {started}, returned {returned}; Salt defaults: "
+        f"{default['lost']} of {DEFAULTS_SAMPLE - default['withheld']}",
+    )
+    bench.record(
+        "fleet: audit round, findings alerted",
+        "findings",
+        [audit_round["alerted"]],
+        target="every finding not alerted yet, none twice",
+        met=True,
+        note=f"{fleet['withheld']} violations withheld + {fleet['lost']} lost by the reactor; "
+        f"{audit_round['duplicate']} already alerted came back duplicate; 1 audit event per minion",
+    )
+    bench.record(
+        "fleet: reactor, large-fleet settings / Salt defaults", "x", [fleet["reactor"] / default["reactor"]]
+    )

@@ -5,6 +5,7 @@ event bookkeeping, signatures and forgeries, cooldowns and the metrics arithmeti
 """
 
 import importlib.util
+import json
 import time
 from pathlib import Path
 
@@ -223,6 +224,21 @@ def test_beacon_settle_pass_catches_what_completes_after_the_uevent(beacon):
     assert beacon.beacon(config) == [] and len(beacon.audits) == audits + 1  # once only
 
 
+def test_the_audit_event_lists_open_findings_since_their_violation(beacon):
+    config = [{"full_audit_interval": 3600}]
+    beacon.report["findings"] = [finding()]
+    first = {e["tag"]: e for e in beacon.beacon(config)}
+    key = events.finding_key(finding())
+    assert first["audit"]["since"] == {key: first["violation"]["ts"]}
+    beacon.watch.queued.append(({"dm-0"}, False, False))
+    beacon.report["findings"] = []
+    assert [e["tag"] for e in beacon.beacon(config)] == ["resolved"]
+    beacon._state()["next_full"] = None
+    beacon.report["findings"] = [finding()]
+    again = {e["tag"]: e for e in beacon.beacon(config)}  # a new occurrence: a new since
+    assert again["audit"]["since"] == {key: again["violation"]["ts"]} != first["audit"]["since"]
+
+
 def test_beacon_lost_events_force_a_full_audit(beacon):
     beacon.beacon([])
     beacon.watch.queued.append((set(), False, True))
@@ -270,15 +286,33 @@ def pki(tmp_path):
     return tmp_path
 
 
-def signed(pki, minion, data, age=0):
-    data = {**data, "ts": time.time() - age}
+def signed(pki, minion, data, age=0, event="violation"):
+    data = {"ts": time.time() - age, **data}
     key = salt.crypt.PrivateKey.from_file(str(pki / f"{minion}.pem"))
     import base64
 
     data["sig"] = base64.b64encode(
-        key.sign(events.signed_bytes(minion, "violation", data), salt.crypt.PKCS1v15_SHA224)
+        key.sign(events.signed_bytes(minion, event, data), salt.crypt.PKCS1v15_SHA224)
     ).decode()
     return data
+
+
+def violation(pki, minion, found, ts):
+    """A violation event as the beacon sends it: the finding, its key, first reported at ``ts``."""
+    return signed(pki, minion, {"tag": "violation", **found, "key": events.finding_key(found), "ts": ts})
+
+
+def audit(pki, minion, open_since):
+    """An audit event listing open findings: [(finding, the ts its violation was sent at)]."""
+    report = {
+        "compliant": not open_since,
+        "findings": [f for f, _ in open_since],
+        "volumes": {
+            v: {"compliant": False, "rules": [], "mountpoint": f"/hana/{v}"} for v in ("data", "log")
+        },
+    }
+    since = {events.finding_key(f): ts for f, ts in open_since}
+    return signed(pki, minion, events.audit_event(report, "full", 0.5, time.time(), since), event="audit")
 
 
 @pytest.fixture
@@ -373,23 +407,96 @@ def test_flood_gets_one_action_per_minion_and_rule(runner, pki):
                 range(10_000),
             )
         )
-    assert actions.count("remediated") == 1 and actions.count("cooldown") == 9_999
+    assert actions.count("remediated") == 1 and actions.count("duplicate") == 9_999
     other = signed(pki, "db2", {"tag": "violation", **finding()})
     assert runner.triage("salt/beacon/db2/hana_storage/violation", other)["action"] == "remediated"
 
 
 def test_cooldown_survives_a_reload_and_ends(runner, pki):
     """The reactor's runner module reloaded (or the master restarted): still in cooldown."""
-    data = signed(pki, "db1", {"tag": "violation", **finding()})
     tag = "salt/beacon/db1/hana_storage/violation"
-    assert runner.triage(tag, data)["action"] == "remediated"
+    assert runner.triage(tag, violation(pki, "db1", finding(), time.time() - 9))["action"] == "remediated"
     again = load("_runners/hana_storage.py", "runner_reloaded")
     for name in ("__opts__", "__utils__", "__salt__", "_fire"):
         setattr(again, name, getattr(runner, name))
-    assert again.triage(tag, data)["action"] == "cooldown"
+    drifted_again = violation(pki, "db1", finding(), time.time())  # the same finding, a new occurrence
+    assert again.triage(tag, drifted_again)["action"] == "cooldown"
     record = Path(runner.__opts__["cachedir"]) / "hana_storage" / "actions" / "db1@HANA-PERF-002"
-    record.write_text(repr(time.time() - 301))  # the cooldown (300 s) has passed
-    assert again.triage(tag, data)["action"] == "remediated"
+    record.write_text(repr(time.time() - 301))  # the cooldown (300 s) has passed; an older record's form
+    assert again.triage(tag, drifted_again)["action"] == "remediated"
+
+
+def test_the_audit_event_handles_a_lost_reaction_once(runner, pki):
+    """Salt's reactor lost the reaction to one violation: the minion's next audit event lists the
+    finding as open since that violation, and triage alerts on it then - and on nothing twice."""
+    tag, now = "salt/beacon/db1/hana_storage/", time.time()
+    alerted, lost = finding("HANA-ENC-001"), finding("HANA-MOUNT-001", "log", "/dev/mapper/hana_log")
+    assert runner.triage(tag + "violation", violation(pki, "db1", alerted, now - 100))["action"] == "alerted"
+    summary = audit(pki, "db1", [(alerted, now - 100), (lost, now - 99)])
+    result = runner.triage(tag + "audit", summary)
+    assert result["action"] == "reconciled"
+    assert [(r["rule"], r["action"]) for r in result["findings"]] == [
+        ("HANA-ENC-001", "duplicate"),
+        ("HANA-MOUNT-001", "alerted"),
+    ]
+    alert = runner.fired[-1][1]
+    assert runner.fired[-1][0] == "hana/storage/alert" and alert["via"] == "audit"
+    assert (alert["volume"], alert["mountpoint"], alert["device"]) == (
+        "log",
+        "/hana/log",
+        "/dev/mapper/hana_log",
+    )
+    assert {r["action"] for r in runner.triage(tag + "audit", summary)["findings"]} == {"duplicate"}
+    late = violation(pki, "db1", lost, now - 99)  # the lost event after all (a replay, or late)
+    assert runner.triage(tag + "violation", late)["action"] == "duplicate"
+    assert [t for t, _ in runner.fired].count("hana/storage/alert") == 2
+    forged = {**summary, "since": {events.finding_key(finding("HANA-ENC-003")): 1.0}}
+    assert runner.triage(tag + "audit", forged)["action"] == "rejected"
+
+
+def test_a_finding_deferred_by_the_cooldown_is_handled_by_a_later_audit(runner, pki):
+    """One rule on two volumes within the cooldown: one alert now, the other after the cooldown."""
+    tag, now = "salt/beacon/db1/hana_storage/", time.time()
+    data, log = finding("HANA-ENC-001"), finding("HANA-ENC-001", "log", "/dev/vdc")
+    assert runner.triage(tag + "violation", violation(pki, "db1", data, now - 100))["action"] == "alerted"
+    assert runner.triage(tag + "violation", violation(pki, "db1", log, now - 98))["action"] == "cooldown"
+    summary = audit(pki, "db1", [(data, now - 100), (log, now - 98)])
+    assert [r["action"] for r in runner.triage(tag + "audit", summary)["findings"]] == [
+        "duplicate",
+        "cooldown",
+    ]
+    record = Path(runner.__opts__["cachedir"]) / "hana_storage" / "actions" / "db1@HANA-ENC-001"
+    stored = json.loads(record.read_text())
+    record.write_text(json.dumps({**stored, "at": stored["at"] - 301}))  # the cooldown has passed
+    assert [r["action"] for r in runner.triage(tag + "audit", summary)["findings"]] == [
+        "duplicate",
+        "alerted",
+    ]
+    assert runner.fired[-1][1]["volume"] == "log"
+
+
+def test_an_audit_event_remediates_its_auto_findings_in_one_orchestration(runner, pki):
+    tag = "salt/beacon/db1/hana_storage/audit"
+    flags, crypttab = finding("HANA-PERF-002"), finding("HANA-PERSIST-001")
+    result = runner.triage(
+        tag, audit(pki, "db1", [(flags, 5.0), (crypttab, 6.0), (finding("HANA-ENC-002"), 7.0)])
+    )
+    assert sorted(r["action"] for r in result["findings"]) == ["alerted", "remediated", "remediated"]
+    assert runner.orchestrations == [{"minion": "db1", "rules": ["HANA-PERF-002", "HANA-PERSIST-001"]}]
+    assert runner.triage(tag, audit(pki, "db1", []))["findings"] == []
+
+
+def test_open_findings_skips_what_does_not_parse():
+    good = events.finding_key(finding())
+    audit_data = {
+        "since": {good: 5.0, "no-bars": 1.0, 7: 1.0, good.replace("data", "log"): "yesterday", "a|b|c": True},
+        "volumes": {"data": {"mountpoint": "/hana/data"}, "log": "garbage"},
+    }
+    assert [(f["key"], f["since"], f["mountpoint"]) for f in events.open_findings(audit_data)] == [
+        (good, 5.0, "/hana/data")
+    ]
+    for bad in (None, [], {"since": []}, {"since": {good: 1.0}, "volumes": []}):
+        assert [f["mountpoint"] for f in events.open_findings(bad)] in ([], [None])
 
 
 def test_an_alert_the_bus_refused_is_retried_then_released(runner, pki, monkeypatch):

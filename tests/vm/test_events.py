@@ -26,10 +26,10 @@ import salt.utils.event
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import REPO
+from tests.conftest import REPO, shipped_reactor
 from tests.vm.conftest import boot
 
-REACTOR_SLS = REPO / "salt" / "hana" / "storage" / "reactor" / "violation.sls"
+REACTOR = shipped_reactor()
 
 pytestmark = pytest.mark.vm
 
@@ -99,7 +99,7 @@ def master(request, salt_factories, tmp_path_factory, vm):
         tmp_path_factory,
         vm,
         engines_dirs=[str(REPO / "_engines")],
-        reactor=[{"salt/beacon/*/hana_storage/violation": [str(REACTOR_SLS)]}],
+        reactor=REACTOR,
         engines=[{"hana_storage_exporter": {"port": port}}],
         hana_storage={"cooldown": 20},
         gather_job_timeout=60,  # a minion under software emulation answers find_job slowly
