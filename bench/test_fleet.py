@@ -233,7 +233,7 @@ def run_fleet(master, violations, audits):
         alerted, reacted = int(alerted), (tally.started, sum(tally.returned.values()))
         audit_started = time.monotonic()
         fire(master, audits)
-        settle(lambda: tally.returned["reconciled"], len(audits), audit_started)
+        reconciled, audit_seconds = settle(lambda: tally.returned["reconciled"], len(audits), audit_started)
         final = totals(master).get("hana_storage_alerts_total", 0)
     assert totals(master).get("hana_storage_rejected_events_total", 0) == 0
     assert final == n, f"{final} alerts for {n} findings after the audit round: {dict(tally.findings)}"
@@ -246,6 +246,7 @@ def run_fleet(master, violations, audits):
         "lost": len(sent) - alerted,
         "triage started/returned": reacted,
         "audit round": tally.findings,
+        "audit rate": reconciled / audit_seconds,
     }
 
 
@@ -300,6 +301,12 @@ def test_fleet_events_none_lost(salt_factories, bench):
         met=True,
         note=f"{fleet['withheld']} violations withheld + {fleet['lost']} lost by the reactor; "
         f"{audit_round['duplicate']} already alerted came back duplicate; 1 audit event per minion",
+    )
+    bench.record(
+        "fleet: audit round, audit events triaged",
+        "events/s",
+        [fleet["audit rate"]],
+        note=f"each lists {FINDINGS} open findings; a compliant audit starts no runner job",
     )
     bench.record(
         "fleet: reactor, large-fleet settings / Salt defaults", "x", [fleet["reactor"] / default["reactor"]]

@@ -1,0 +1,149 @@
+"""The reactor path end to end on a real salt-master: the shipped reactor map, reactor/triage.sls
+rendered by Salt's reactor, the triage runner in its thread pool, alerts on the bus.
+
+The minion is simulated (its key is accepted, its events are signed the way the beacon signs
+them), so no minion daemon can be remediated on this host: every finding here is a manual rule.
+What must hold: a finding deferred by the cooldown and one whose violation never reached the
+master are both alerted from the next audit event, the one already alerted is not, and the same
+audit event again alerts nothing.
+"""
+
+import base64
+import time
+
+import hana_storage_events as events
+import hana_storage_rules as rules
+import pytest
+import salt.crypt
+import salt.utils.event
+
+from tests.conftest import REPO, shipped_reactor
+
+pytestmark = pytest.mark.integration
+
+MINION = "db-sim"
+COOLDOWN = 8
+
+
+@pytest.fixture(scope="module")
+def reactor_master(salt_factories, tmp_path_factory):
+    overrides = {
+        "file_roots": {"base": [str(REPO / "salt"), str(REPO)]},
+        "runner_dirs": [str(REPO / "_runners")],
+        "utils_dirs": [str(REPO / "_utils")],
+        "reactor": shipped_reactor(),
+        "hana_storage": {"cooldown": COOLDOWN},
+    }
+    factory = salt_factories.salt_master_daemon("hana-reactor-master", overrides=overrides)
+    private, public = salt.crypt.gen_keys(2048)
+    keys = tmp_path_factory.mktemp("sim")
+    (keys / "minion.pem").write_text(private)
+    with factory.started(start_timeout=120):
+        with open(f"{factory.config['pki_dir']}/minions/{MINION}", "w", encoding="utf-8") as accepted:
+            accepted.write(public)
+        factory.sim_key = salt.crypt.PrivateKey.from_file(str(keys / "minion.pem"))
+        yield factory
+
+
+def finding(rule, volume):
+    return {
+        "rule": rule,
+        "severity": rules.RULES[rule][0],
+        "volume": volume,
+        "mountpoint": f"/hana/{volume}",
+        "device": f"/dev/mapper/hana_{volume}",
+        "remediation": "manual",
+        "message": "simulated",
+    }
+
+
+def fire(master, event, data):
+    """Put a beacon event of the simulated minion on the master's bus, signed as the beacon signs."""
+    message = events.signed_bytes(MINION, event, data)
+    data = {
+        **data,
+        "sig": base64.b64encode(master.sim_key.sign(message, salt.crypt.PKCS1v15_SHA224)).decode(),
+    }
+    with salt.utils.event.get_master_event(master.config, master.config["sock_dir"], listen=False) as bus:
+        assert bus.fire_event(data, f"salt/beacon/{MINION}/hana_storage/{event}")
+
+
+def violation(master, found, since):
+    fire(master, "violation", {**found, "key": events.finding_key(found), "trigger": "uevent", "ts": since})
+
+
+def audit(master, open_since):
+    report = {
+        "compliant": False,
+        "findings": [f for f, _ in open_since],
+        "volumes": {
+            v: {"compliant": False, "rules": [], "mountpoint": f"/hana/{v}"} for v in ("data", "log")
+        },
+    }
+    since = {events.finding_key(f): ts for f, ts in open_since}
+    data = events.audit_event(report, "full", 0.5, time.time(), since)
+    data.pop("tag")
+    fire(master, "audit", data)
+
+
+def alerts(event_listener, master, after):
+    found = event_listener.get_events([(master.id, "hana/storage/alert")], after_time=after)
+    return sorted((e.data["rule"], e.data["volume"], e.data["via"]) for e in found)
+
+
+def triage_returns(event_listener, master, after):
+    found = event_listener.get_events([(master.id, "salt/run/*/ret")], after_time=after)
+    return [e.data["return"] for e in found if e.data.get("fun") == "runner.hana_storage.triage"]
+
+
+def wait_until(check, timeout=90):
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.5)
+
+
+def test_the_audit_event_alerts_what_the_violations_did_not(reactor_master, event_listener):
+    started, now = time.time(), time.time()
+    encrypted_data, encrypted_log = finding("HANA-ENC-001", "data"), finding("HANA-ENC-001", "log")
+    unmounted = finding("HANA-MOUNT-001", "data")
+    violation(reactor_master, encrypted_data, now)
+    wait_until(lambda: len(triage_returns(event_listener, reactor_master, started)) == 1)
+    violation(reactor_master, encrypted_log, now + 1)  # the same rule within the cooldown: deferred
+    wait_until(lambda: len(triage_returns(event_listener, reactor_master, started)) == 2)
+    # the violation of `unmounted` never reaches the master (it was down)
+    assert sorted(r["action"] for r in triage_returns(event_listener, reactor_master, started)) == [
+        "alerted",
+        "cooldown",
+    ]
+    assert alerts(event_listener, reactor_master, started) == [("HANA-ENC-001", "data", "violation")]
+
+    time.sleep(COOLDOWN)
+    open_since = [(encrypted_data, now), (encrypted_log, now + 1), (unmounted, now + 2)]
+    audit(reactor_master, open_since)
+    wait_until(lambda: len(triage_returns(event_listener, reactor_master, started)) == 3)
+    (reconciled,) = [r for r in triage_returns(event_listener, reactor_master, started) if "findings" in r]
+    assert sorted((r["rule"], r["action"]) for r in reconciled["findings"]) == [
+        ("HANA-ENC-001", "alerted"),
+        ("HANA-ENC-001", "duplicate"),
+        ("HANA-MOUNT-001", "alerted"),
+    ]
+    expected = [
+        ("HANA-ENC-001", "data", "violation"),
+        ("HANA-ENC-001", "log", "audit"),
+        ("HANA-MOUNT-001", "data", "audit"),
+    ]
+    wait_until(lambda: alerts(event_listener, reactor_master, started) == expected)
+
+    time.sleep(COOLDOWN)
+    audit(reactor_master, open_since)  # the next full audit: everything handled already
+    audit(reactor_master, [])  # a compliant audit: no runner job at all
+    wait_until(lambda: len(triage_returns(event_listener, reactor_master, started)) == 4)
+    again = [r for r in triage_returns(event_listener, reactor_master, started) if "findings" in r]
+    assert sorted(sorted(r["action"] for r in ret["findings"]) for ret in again) == [
+        ["alerted", "alerted", "duplicate"],
+        ["duplicate", "duplicate", "duplicate"],
+    ]
+    time.sleep(3)
+    assert len(triage_returns(event_listener, reactor_master, started)) == 4
+    assert alerts(event_listener, reactor_master, started) == expected
