@@ -309,13 +309,15 @@ def _audit(state, scope, trigger, now, full_interval):
     state["known"], appeared, cleared = _events("diff_findings")(state["known"], report["findings"], scope)
     wall = time.time()
     key = _events("finding_key")
-    state["since"].update({key(f): wall for f in appeared})
+    since = state.setdefault("since", {})  # a context kept from a beacon before this field
     for finding in cleared:
-        state["since"].pop(key(finding), None)
+        since.pop(key(finding), None)
+    for finding in report["findings"]:  # an appeared one: the ts of the violation sent below
+        since.setdefault(key(finding), wall)
     out = [_events("finding_event")("violation", f, trigger, wall) for f in appeared]
     out += [_events("finding_event")("resolved", f, trigger, wall) for f in cleared]
     if scope is None:
         state["next_full"] = now + full_interval
         seconds = time.monotonic() - started
-        out.append(_events("audit_event")(report, trigger, seconds, wall, state["since"]))
+        out.append(_events("audit_event")(report, trigger, seconds, wall, since))
     return out

@@ -237,6 +237,9 @@ def test_the_audit_event_lists_open_findings_since_their_violation(beacon):
     beacon.report["findings"] = [finding()]
     again = {e["tag"]: e for e in beacon.beacon(config)}  # a new occurrence: a new since
     assert again["audit"]["since"] == {key: again["violation"]["ts"]} != first["audit"]["since"]
+    del beacon._state()["since"]  # the context of a beacon from before the field, after an upgrade
+    beacon._state()["next_full"] = None
+    assert beacon.beacon(config)[-1]["since"] == {key: beacon._state()["since"][key]}
 
 
 def test_beacon_lost_events_force_a_full_audit(beacon):
