@@ -25,7 +25,6 @@ settings of conf/master.d/hana-storage.conf (all 10,000 events). The ratio of th
 rates is what the tuning buys, measured in the same run.
 """
 
-import base64
 import collections
 import contextlib
 import os
@@ -34,12 +33,12 @@ import threading
 import time
 import urllib.request
 
-import hana_storage_events as events
 import hana_storage_rules as rules
 import salt.crypt
 import salt.utils.event
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests import beacon_events
 from tests.conftest import REPO, shipped_reactor
 
 REACTOR = shipped_reactor()
@@ -92,11 +91,6 @@ def totals(master):
     return sums
 
 
-def sign(key, minion, event, data):
-    message = events.signed_bytes(minion, event, data)
-    return {**data, "sig": base64.b64encode(key.sign(message, salt.crypt.PKCS1v15_SHA224)).decode()}
-
-
 def simulated_fleet(master, limit=None):
     """(violation events, audit events) of 1,000 accepted minions, signed as the beacon signs.
 
@@ -131,26 +125,18 @@ def simulated_fleet(master, limit=None):
                 "message": "simulated",
             }
             found.append(finding)
-            data = {**finding, "key": events.finding_key(finding), "trigger": "uevent", "ts": now}
+            data = beacon_events.violation_data(finding, now)
             violations.append(
-                (f"salt/beacon/{minion}/hana_storage/violation", sign(key, minion, "violation", data))
+                (
+                    f"salt/beacon/{minion}/hana_storage/violation",
+                    beacon_events.sign(key, minion, "violation", data),
+                )
             )
         if found:
-            report = {
-                "compliant": False,
-                "findings": found,
-                "volumes": {
-                    "data": {
-                        "compliant": False,
-                        "rules": [f["rule"] for f in found],
-                        "mountpoint": "/hana/data",
-                    }
-                },
-            }
-            since = {events.finding_key(f): now for f in found}
-            data = events.audit_event(report, "full", 1.0, now, since)
-            data.pop("tag")
-            audits.append((f"salt/beacon/{minion}/hana_storage/audit", sign(key, minion, "audit", data)))
+            data = beacon_events.audit_data([(f, now) for f in found], volumes=("data",), ts=now)
+            audits.append(
+                (f"salt/beacon/{minion}/hana_storage/audit", beacon_events.sign(key, minion, "audit", data))
+            )
     return violations, audits
 
 

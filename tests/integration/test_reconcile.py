@@ -8,15 +8,14 @@ master are both alerted from the next audit event, the one already alerted is no
 audit event again alerts nothing.
 """
 
-import base64
 import time
 
-import hana_storage_events as events
 import hana_storage_rules as rules
 import pytest
 import salt.crypt
 import salt.utils.event
 
+from tests import beacon_events
 from tests.conftest import REPO, shipped_reactor
 
 pytestmark = pytest.mark.integration
@@ -59,31 +58,17 @@ def finding(rule, volume):
 
 def fire(master, event, data):
     """Put a beacon event of the simulated minion on the master's bus, signed as the beacon signs."""
-    message = events.signed_bytes(MINION, event, data)
-    data = {
-        **data,
-        "sig": base64.b64encode(master.sim_key.sign(message, salt.crypt.PKCS1v15_SHA224)).decode(),
-    }
+    data = beacon_events.sign(master.sim_key, MINION, event, data)
     with salt.utils.event.get_master_event(master.config, master.config["sock_dir"], listen=False) as bus:
         assert bus.fire_event(data, f"salt/beacon/{MINION}/hana_storage/{event}")
 
 
 def violation(master, found, since):
-    fire(master, "violation", {**found, "key": events.finding_key(found), "trigger": "uevent", "ts": since})
+    fire(master, "violation", beacon_events.violation_data(found, since))
 
 
 def audit(master, open_since):
-    report = {
-        "compliant": False,
-        "findings": [f for f, _ in open_since],
-        "volumes": {
-            v: {"compliant": False, "rules": [], "mountpoint": f"/hana/{v}"} for v in ("data", "log")
-        },
-    }
-    since = {events.finding_key(f): ts for f, ts in open_since}
-    data = events.audit_event(report, "full", 0.5, time.time(), since)
-    data.pop("tag")
-    fire(master, "audit", data)
+    fire(master, "audit", beacon_events.audit_data(open_since))
 
 
 def alerts(event_listener, master, after):

@@ -16,6 +16,7 @@ import pytest
 import salt.crypt
 from prometheus_client import CollectorRegistry, generate_latest
 
+from tests import beacon_events
 from tests.conftest import REPO
 
 
@@ -290,32 +291,18 @@ def pki(tmp_path):
 
 
 def signed(pki, minion, data, age=0, event="violation"):
-    data = {"ts": time.time() - age, **data}
     key = salt.crypt.PrivateKey.from_file(str(pki / f"{minion}.pem"))
-    import base64
-
-    data["sig"] = base64.b64encode(
-        key.sign(events.signed_bytes(minion, event, data), salt.crypt.PKCS1v15_SHA224)
-    ).decode()
-    return data
+    return beacon_events.sign(key, minion, event, {"ts": time.time() - age, **data})
 
 
 def violation(pki, minion, found, ts):
     """A violation event as the beacon sends it: the finding, its key, first reported at ``ts``."""
-    return signed(pki, minion, {"tag": "violation", **found, "key": events.finding_key(found), "ts": ts})
+    return signed(pki, minion, beacon_events.violation_data(found, ts))
 
 
 def audit(pki, minion, open_since):
     """An audit event listing open findings: [(finding, the ts its violation was sent at)]."""
-    report = {
-        "compliant": not open_since,
-        "findings": [f for f, _ in open_since],
-        "volumes": {
-            v: {"compliant": False, "rules": [], "mountpoint": f"/hana/{v}"} for v in ("data", "log")
-        },
-    }
-    since = {events.finding_key(f): ts for f, ts in open_since}
-    return signed(pki, minion, events.audit_event(report, "full", 0.5, time.time(), since), event="audit")
+    return signed(pki, minion, beacon_events.audit_data(open_since), event="audit")
 
 
 @pytest.fixture
@@ -546,6 +533,7 @@ def test_exporter_follows_findings(exporter):
         "full",
         0.1,
         1000.0,
+        {},
     )
     module.handle(metrics, "salt/beacon/db1/hana_storage/audit", audit)
     violation = events.finding_event("violation", finding(), "uevent", 1001.0)
