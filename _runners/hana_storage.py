@@ -50,6 +50,7 @@ ALERT_TAG = "hana/storage/alert"
 REMEDIATION_TAG = "hana/storage/remediation"
 REJECTED_TAG = "hana/storage/rejected"
 SIGNING = salt.crypt.PKCS1v15_SHA224
+FACTS = ("rule", "volume", "mountpoint", "device", "message")  # what alerts and remediations name
 FIRE_ATTEMPTS = 5
 
 
@@ -197,7 +198,7 @@ def _release(minion, rule, key):
 
 def _violation_finding(data):
     """The finding a violation event reports, with the occurrence it is (key, since)."""
-    finding = {k: data.get(k) for k in ("rule", "volume", "mountpoint", "device", "message")}
+    finding = {k: data.get(k) for k in FACTS}
     finding["key"] = data.get("key") or __utils__["hana_storage_events.finding_key"](finding)
     finding["since"] = data.get("ts")
     return finding
@@ -250,7 +251,7 @@ def _handle(minion, findings, via):
         if claim != "act":
             results.append({"action": claim, "minion": minion, "rule": rule})
             continue
-        facts = {k: finding.get(k) for k in ("rule", "volume", "mountpoint", "device", "message")}
+        facts = {k: finding.get(k) for k in FACTS}
         facts.update(severity=known[rule]["severity"], via=via)
         if known[rule]["remediation"] == "auto":
             to_fix.append(facts)

@@ -80,14 +80,14 @@ def finding_event(tag, finding, trigger, now):
     }
 
 
-def audit_event(report, trigger, seconds, now, since=None):
+def audit_event(report, trigger, seconds, now, since):
     """The summary after a full audit: per volume compliant and failing rules, counts per rule.
 
     ``since``: {finding key: when it was first reported (its violation event's ts)}. The audit
     event repeats it for every open finding, so the master can act on a finding whose violation
-    event it never handled (see ``open_findings``).
+    event it never handled (see ``open_findings``). Every open finding must be in it: a time
+    made up here would be a new occurrence on each audit, and the master would act again.
     """
-    since = since or {}
     by_rule = {}
     for finding in report["findings"]:
         entry = by_rule.setdefault(finding["rule"], {"severity": finding["severity"], "count": 0})
@@ -102,7 +102,7 @@ def audit_event(report, trigger, seconds, now, since=None):
         "findings": len(report["findings"]),
         "by_rule": by_rule,
         "open": {finding_key(f): f["severity"] for f in report["findings"]},
-        "since": {finding_key(f): since.get(finding_key(f), now) for f in report["findings"]},
+        "since": {finding_key(f): since[finding_key(f)] for f in report["findings"]},
         "trigger": trigger,
         "seconds": round(seconds, 3),
         "ts": now,
