@@ -18,19 +18,30 @@ Events (``salt/beacon/<minion>/hana_storage/<event>``), never with key material:
 
 ``violation``
     A finding appeared: rule, severity, volume, mountpoint, device, expected, actual,
-    remediation (auto|manual), message; plus key, trigger (uevent|mount|full), ts and sig.
+    remediation (auto|manual), message; plus key, trigger (uevent|mount|full), ts, since (when
+    this occurrence was first reported: the ts, unless another beacon instance of this minion
+    reported it first) and sig.
 ``resolved``
-    A finding cleared; the same fields as the violation it ends.
+    A finding cleared; the same fields as the violation it ends (since: of the occurrence ended).
 ``audit``
     After each full audit: compliant, per-volume compliance and failing rules, findings, by_rule,
-    open (finding key: severity), since (finding key: the ts of its violation event), seconds,
+    open (finding key: severity), since (finding key: the since of its violation event), seconds,
     ts, sig. The master's triage reconciles from it: an open finding whose violation it never
     handled (a reaction Salt lost, a master that was down) is acted on now.
 ``error``
     The audit could not run (invalid pillar, dmsetup failing ...): message, ts, sig. Once per
     distinct message.
 
-A finding is reported when it appears and when it clears, never again while unchanged.
+A finding is reported when it appears and when it clears, never again while unchanged, also
+across a new loader (``saltutil.refresh_pillar``, ``refresh_modules``, any ``pkg`` state) and a
+minion restart: what the beacon has reported (the open findings and the ``since`` of each) is
+kept in ``<cachedir>/hana_storage/beacon-memory.json`` (0600, replaced atomically, under a lock)
+and read back when the beacon's ``__context__`` is new. The file holds findings as reported
+(rules, devices, messages), never key material. Each beacon instance (master connection and
+beacon name) keeps its own record in it; an occurrence another instance already reported keeps
+that instance's ``since``. Violation and resolved events carry the occurrence's ``since`` too.
+``close()`` (Salt calls it before it replaces the beacon loader, and during a state run with
+``disable_during_state_run``) releases the uevent socket and the mountinfo descriptor.
 ``sig`` is the minion's RSA signature (PKCS#1 v1.5, SHA-224) over the minion id, the event and
 its data, so the master can tell which minion really sent it (Salt lets any minion fire any tag).
 
@@ -45,11 +56,16 @@ its data, so the master can tell which minion really sent it (Salt lets any mini
 """
 
 import base64
+import contextlib
 import errno
+import fcntl
+import json
 import logging
 import os
+import secrets
 import select
 import socket
+import stat
 import threading
 import time
 
@@ -57,6 +73,8 @@ import salt.crypt
 import salt.loader
 import salt.utils.beacons
 import salt.utils.platform
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import padding
 
 try:
     from pyroute2 import UeventSocket
@@ -74,9 +92,18 @@ DEFAULTS = {"interval": 10, "full_audit_interval": 300, "uevents": True}
 # Keys Salt itself reads from any beacon's configuration.
 SALT_KEYS = {"interval", "disable_during_state_run", "run_once", "beacon_module", "enabled"}
 CONTEXT = "hana_storage.beacon"
-SIGNING = salt.crypt.PKCS1v15_SHA224
 SETTLE_SECONDS = 2  # after a kernel event, audit its volumes once more this much later
 RETRY_SECONDS = 30  # a failed full audit is tried again this soon, not a full interval later
+DRAIN_LIMIT = 10000  # datagrams read per tick at most; more waiting counts as lost (a full audit)
+# The beacon's memory on disk (see the module doc): <cachedir>/MEMORY_DIR/MEMORY_FILE.
+MEMORY_DIR = "hana_storage"
+MEMORY_FILE = "beacon-memory.json"
+MEMORY_LOCK = "beacon-memory.lock"  # flock'ed; never replaced, unlike the file it guards
+MEMORY_VERSION = 1
+MEMORY_MAX_BYTES = 16 << 20
+MEMORY_LOCK_SECONDS = 2  # a save waits this long for another instance's, then gives up (logged)
+MEMORY_REFRESH_SECONDS = 3600  # an unchanged record is rewritten this often (its "written" time)
+MEMORY_EXPIRE_SECONDS = 7 * 86400  # another instance's record not written for this long is dropped
 
 
 def __virtual__():
@@ -117,21 +144,29 @@ def validate(config):
 
 
 def _uevent_socket():
-    """(pyroute2 UeventSocket bound to the kernel group, its bound datagram socket).
+    """(pyroute2's uevent parser, a datagram socket bound to the kernel's uevent group).
 
-    Made in a thread of its own: pyroute2's sync API runs an asyncio loop, which cannot nest in
-    the minion's running one. The socket object is taken in that thread too: pyroute2 keeps it
-    per thread, and another thread asking for it gets a fresh, unbound one.
+    pyroute2 binds in a thread of its own: its sync API runs an asyncio loop, which cannot nest in
+    the minion's running one, and it keeps the socket (and that loop) per thread. So that thread
+    takes a duplicate of the bound socket and closes pyroute2's object, loop and all, itself:
+    nothing of pyroute2 is left open but the parser, and closing the duplicate closes the socket.
     """
     made = {}
 
     def make():
         try:
             uevents = UeventSocket()
-            uevents.bind(groups=MONITOR_GROUP_KERNEL)
-            made["uevents"], made["socket"] = uevents, uevents.asyncore.socket
+            try:
+                uevents.bind(groups=MONITOR_GROUP_KERNEL)
+                bound = uevents.asyncore.socket
+                made["socket"] = socket.socket(fileno=os.dup(bound.fileno()))
+                made["marshal"] = uevents.marshal
+            finally:
+                uevents.close()
         except Exception as error:  # noqa: BLE001 - handed to the caller below
             made["error"] = error
+            if "socket" in made:
+                made.pop("socket").close()
 
     thread = threading.Thread(target=make, name="hana_storage-uevents")
     thread.start()
@@ -139,8 +174,10 @@ def _uevent_socket():
     if "error" in made:
         raise OSError(f"cannot bind a uevent socket: {made['error']}")
     if made["socket"].getsockname()[1] != MONITOR_GROUP_KERNEL:
-        raise OSError(f"uevent socket bound to {made['socket'].getsockname()}, not the kernel group")
-    return made["uevents"], made["socket"]
+        name = made["socket"].getsockname()
+        made["socket"].close()
+        raise OSError(f"uevent socket bound to {name}, not the kernel group")
+    return made["marshal"], made["socket"]
 
 
 class KernelWatch:
@@ -151,15 +188,29 @@ class KernelWatch:
     """
 
     def __init__(self, uevents):
-        self.uevents, self.socket = _uevent_socket() if uevents else (None, None)
-        self.mountinfo = open("/proc/self/mountinfo", "rb")  # noqa: SIM115 - kept open across ticks
+        self.marshal, self.socket = _uevent_socket() if uevents else (None, None)
+        try:
+            self.mountinfo = open("/proc/self/mountinfo", "rb")  # noqa: SIM115 - kept open across ticks
+        except OSError:
+            self.close()
+            raise
         self.poller = select.poll()
         self.poller.register(self.mountinfo, select.POLLPRI | select.POLLERR)
 
     def drain(self):
-        """(kernel names of block devices that changed, mount table changed?, events lost?)."""
-        devices, lost = set(), False
-        while self.uevents is not None:
+        """(kernel names of block devices that changed, mount table changed?, events lost?).
+
+        ENOBUFS: the kernel dropped uevents nobody read in time (the socket's buffer was full). It
+        is reported once, by the next read; what was queued after the loss is read (and dropped:
+        the full audit a loss starts covers every device) until the socket is empty.
+        """
+        devices, lost, reads = set(), False, 0
+        while self.socket is not None:
+            if reads >= DRAIN_LIMIT:
+                lost = True  # events keep coming faster than a tick reads them: audit everything
+                log.warning("hana_storage beacon: over %d uevents in one tick; a full audit follows", reads)
+                break
+            reads += 1
             try:
                 datagram = self.socket.recv(65536, socket.MSG_DONTWAIT)
             except BlockingIOError:
@@ -167,9 +218,13 @@ class KernelWatch:
             except OSError as error:
                 if error.errno != errno.ENOBUFS:
                     raise
-                lost = True  # the kernel dropped events nobody read in time
-                log.warning("hana_storage beacon: uevents lost; a full audit follows")
-            for message in self.uevents.marshal.parse(datagram):
+                if not lost:
+                    log.warning("hana_storage beacon: uevents lost (ENOBUFS); a full audit follows")
+                lost = True
+                continue
+            if lost:
+                continue
+            for message in self.marshal.parse(datagram):
                 name = _events("uevent_device")(message)
                 if name:
                     devices.add(name)
@@ -180,9 +235,12 @@ class KernelWatch:
         return devices, mounts_changed, lost
 
     def close(self):
+        """Release the uevent socket and the mountinfo descriptor (more than once is fine)."""
         if self.socket is not None:
             self.socket.close()
-        self.mountinfo.close()
+        mountinfo = getattr(self, "mountinfo", None)
+        if mountinfo is not None:
+            mountinfo.close()
 
 
 def _utils():
@@ -201,28 +259,36 @@ def _state():
         CONTEXT,
         {
             "known": {},  # finding key -> finding, as last reported
-            "since": {},  # finding key -> wall time of its violation event
+            "since": {},  # finding key -> wall time the occurrence was first reported
+            "ended": {},  # finding key -> the since of an occurrence this instance saw clear
+            "instance": None,  # this beacon's name in the memory file; None: memory not read yet
+            "saved": None,  # (what was last written, wall time): an unchanged record is not rewritten
+            "memory_error": None,  # the last problem with the memory file (logged once)
             "next_full": None,  # monotonic time the next full audit is due (None: now)
             "watch": None,
             "watched": {},  # volume -> kernel names of its stack and disks
             "mountpoints": {},  # volume -> mountpoint
             "mounts": {},  # mountpoint -> (dev, options) as last seen
             "error": None,
-            "key": None,
             "settle": None,  # (volumes, trigger, when): the re-audit after a kernel event
         },
     )
 
 
 def _sign(state, tag, data):
-    """The minion's signature over (id, tag, data); None when the minion has no key (masterless)."""
-    if state["key"] is None:
-        path = os.path.join(__opts__["pki_dir"], "minion.pem")
-        state["key"] = salt.crypt.PrivateKey.from_file(path) if os.path.exists(path) else False
-    if not state["key"]:
+    """The minion's signature over (id, tag, data); None when the minion has no key (masterless).
+
+    PKCS#1 v1.5 with SHA-224, what the master's ``salt.crypt.verify_signature(...,
+    algorithm=PKCS1v15_SHA224)`` checks. The key comes from ``salt.crypt.get_rsa_key``, which
+    Salt 3006.9+, 3007 and 3008 all have and which keeps it loaded until the file changes
+    (``PrivateKey.from_file`` is 3008 only).
+    """
+    path = os.path.join(__opts__["pki_dir"], "minion.pem")
+    if not os.path.exists(path):
         return None
+    key = salt.crypt.get_rsa_key(path, None)
     message = _events("signed_bytes")(__opts__["id"], tag, data)
-    return base64.b64encode(state["key"].sign(message, SIGNING)).decode()
+    return base64.b64encode(key.sign(message, padding.PKCS1v15(), hashes.SHA224())).decode()
 
 
 def _emit(state, events):
@@ -232,8 +298,261 @@ def _emit(state, events):
 
 
 def _read_mounts():
-    with open("/proc/self/mountinfo", encoding="utf-8") as handle:
-        return _utils()["hana_storage_tab.parse_mountinfo"](handle.read())
+    """The mount table, for change detection only (the audit judges the mounts itself).
+
+    Bytes, so a mount point that is not UTF-8 breaks nothing; a line that does not parse is left
+    out with a warning (once per distinct problem): the HANA mountpoint it may hold then reads as
+    changed, and the audit of that volume says what is wrong.
+    """
+    with open("/proc/self/mountinfo", "rb") as handle:
+        raw = handle.read()
+    malformed = []
+    mounts = _utils()["hana_storage_tab.parse_mountinfo"](raw, malformed=malformed)
+    warned = __context__.setdefault("hana_storage.mountinfo_warned", set())
+    for entry in malformed:
+        if entry["error"] not in warned and len(warned) < 100:
+            warned.add(entry["error"])
+            log.warning("hana_storage beacon: %s; the line is left out", entry["error"])
+    return mounts
+
+
+# ---- the beacon's memory on disk -------------------------------------------------------------
+
+
+class MemoryProblem(Exception):
+    """The memory file cannot be used: it is logged, and the beacon goes on with what it holds."""
+
+
+def _instance(config):
+    """This beacon instance's name in the memory file: its master connection and beacon name.
+
+    Hot multi-master in a Salt without a single beacon leader runs one beacon per master
+    connection in one minion, each reporting to its own master: each keeps its own record.
+    """
+    master = __opts__.get("master") or ""
+    if isinstance(master, (list, tuple)):
+        master = ",".join(str(m) for m in master)
+    return f"{master}|{config.get('_beacon_name') or __virtualname__}"
+
+
+@contextlib.contextmanager
+def _memory_dir():
+    """A descriptor of <cachedir>/hana_storage, made 0700 if missing, refused unless it is ours
+    alone (a directory, not a symlink, owned by this user, writable by nobody else)."""
+    cachedir = __opts__.get("cachedir")
+    if not cachedir:
+        raise MemoryProblem("the minion has no cachedir")
+    path = os.path.join(cachedir, MEMORY_DIR)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as error:
+        raise MemoryProblem(f"{path}: {error.strerror}") from None
+    try:
+        info = os.fstat(descriptor)
+        if info.st_uid != os.geteuid() or info.st_mode & 0o022:
+            raise MemoryProblem(
+                f"{path} is not this user's alone (owner uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):04o})"
+            )
+        yield descriptor, path
+    finally:
+        os.close(descriptor)
+
+
+@contextlib.contextmanager
+def _memory_lock(directory, path):
+    """The memory's lock, held exclusively (every instance and process of this minion)."""
+    descriptor = os.open(
+        MEMORY_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=directory
+    )
+    try:
+        deadline = time.monotonic() + MEMORY_LOCK_SECONDS
+        while True:
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise MemoryProblem(
+                        f"{path}/{MEMORY_LOCK} held for over {MEMORY_LOCK_SECONDS} s by another process"
+                    ) from None
+                time.sleep(0.02)
+        yield
+    finally:
+        os.close(descriptor)  # releases the lock
+
+
+def _read_memory(directory, path):
+    """The memory file's content: {"version", "instances": {instance: record}}; an empty one when
+    there is none. A file that is not this user's regular 0600 file, or that does not parse, is
+    MemoryProblem (the next save replaces it)."""
+    where = f"{path}/{MEMORY_FILE}"
+    try:
+        descriptor = os.open(MEMORY_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+    except FileNotFoundError:
+        return {"version": MEMORY_VERSION, "instances": {}}
+    except OSError as error:  # ELOOP: a symlink
+        raise MemoryProblem(f"{where}: {error.strerror}") from None
+    with os.fdopen(descriptor, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
+            raise MemoryProblem(
+                f"{where} ignored: not a regular file of this user with mode 0600 "
+                f"(owner uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):04o})"
+            )
+        raw = handle.read(MEMORY_MAX_BYTES + 1)
+    if len(raw) > MEMORY_MAX_BYTES:
+        raise MemoryProblem(f"{where} ignored: larger than {MEMORY_MAX_BYTES} bytes")
+    try:
+        content = json.loads(raw.decode("utf-8"))
+    except ValueError as error:
+        raise MemoryProblem(f"{where} ignored: not JSON ({error})") from None
+    if not isinstance(content, dict) or content.get("version") != MEMORY_VERSION:
+        raise MemoryProblem(f"{where} ignored: not a version {MEMORY_VERSION} beacon memory")
+    instances = content.get("instances")
+    if not isinstance(instances, dict):
+        raise MemoryProblem(f"{where} ignored: no instances")
+    records = {name: _record(raw) for name, raw in instances.items() if isinstance(name, str)}
+    return {"version": MEMORY_VERSION, "instances": {k: v for k, v in records.items() if v}}
+
+
+def _number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _record(raw):
+    """One instance's record, cleaned: {known, since, ended, written}; None if it is no record.
+
+    A finding is kept only with its own key and the since of its occurrence: one without a since
+    would be reported again (a new occurrence), never given a made-up time.
+    """
+    if not isinstance(raw, dict) or not _number(raw.get("written")):
+        return None
+    key = _events("finding_key")
+    since = raw.get("since") if isinstance(raw.get("since"), dict) else {}
+    known = {}
+    for name, finding in (raw.get("known") if isinstance(raw.get("known"), dict) else {}).items():
+        try:
+            ours = isinstance(finding, dict) and key(finding) == name
+        except (KeyError, TypeError):
+            ours = False
+        if ours and _number(since.get(name)):
+            known[name] = finding
+    ended = raw.get("ended") if isinstance(raw.get("ended"), dict) else {}
+    return {
+        "known": known,
+        "since": {k: since[k] for k in known},
+        "ended": {k: v for k, v in ended.items() if isinstance(k, str) and _number(v)},
+        "written": raw["written"],
+    }
+
+
+def _write_memory(directory, content):
+    """Replace the memory file atomically: a new 0600 file in the same directory, renamed over it."""
+    text = json.dumps(content, sort_keys=True, separators=(",", ":"), default=str).encode()
+    temporary = f".{MEMORY_FILE}.{os.getpid()}.{secrets.token_hex(4)}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    descriptor = os.open(temporary, flags, 0o600, dir_fd=directory)
+    try:
+        try:
+            view = memoryview(text)
+            while view:
+                view = view[os.write(descriptor, view) :]
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+        os.rename(temporary, MEMORY_FILE, src_dir_fd=directory, dst_dir_fd=directory)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary, dir_fd=directory)
+        raise
+    os.fsync(directory)
+
+
+def _memory_failed(state, error):
+    message = str(error)
+    if message != state.get("memory_error"):
+        state["memory_error"] = message
+        log.warning("hana_storage beacon: memory file: %s; going on with the memory of this process", message)
+
+
+def _restore(state):
+    """A new context: what this instance had reported, from the memory file, if it is usable."""
+    try:
+        with _memory_dir() as (directory, path), _memory_lock(directory, path):
+            record = _read_memory(directory, path)["instances"].get(state["instance"])
+    except (MemoryProblem, OSError) as error:
+        _memory_failed(state, error)
+        return
+    if record:
+        state.update(known=record["known"], since=record["since"], ended=record["ended"])
+        state["saved"] = (_core(state), record["written"])
+        log.info("hana_storage beacon: %d open finding(s) remembered from %s", len(record["known"]), path)
+
+
+def _core(state):
+    """What the memory file keeps of this instance, as comparable text."""
+    known = state["known"]
+    since = state.setdefault("since", {})
+    ended = state.setdefault("ended", {})
+    return json.dumps(
+        {"known": known, "since": {k: since[k] for k in known if k in since}, "ended": ended},
+        sort_keys=True,
+        default=str,
+    )
+
+
+def _remember(state, fresh, wall, force=False):
+    """Give each fresh finding key its since, and write this instance's record if it changed.
+
+    ``fresh``: keys of findings that appeared to this instance. An occurrence another instance
+    (another master connection) has open, and this one did not see end, keeps that instance's
+    since: the first time any instance saw it. Otherwise it starts now. Without a usable memory
+    file, since is now and the beacon goes on with what this process holds.
+    """
+    since, ended = state.setdefault("since", {}), state.setdefault("ended", {})
+    saved = state.get("saved")
+    if not fresh and not force and saved and saved[0] == _core(state):
+        if wall - saved[1] < MEMORY_REFRESH_SECONDS:
+            return
+    if state.get("instance") is None:
+        since.update((k, since.get(k, wall)) for k in fresh)
+        return
+    try:
+        with _memory_dir() as (directory, path), _memory_lock(directory, path):
+            try:
+                others = _read_memory(directory, path)["instances"]
+            except MemoryProblem as error:
+                _memory_failed(state, error)  # replaced below by a good one
+                others = {}
+            others = {
+                name: record
+                for name, record in others.items()
+                if name != state["instance"] and wall - record["written"] < MEMORY_EXPIRE_SECONDS
+            }
+            for key in fresh:
+                seen = [
+                    record["since"][key]
+                    for record in others.values()
+                    if key in record["known"] and record["since"][key] != ended.get(key)
+                ]
+                since[key] = min(seen) if seen else wall
+            held = {(key, record["since"][key]) for record in others.values() for key in record["known"]}
+            for key in [k for k, first in ended.items() if (k, first) not in held]:
+                del ended[key]  # no instance holds that occurrence any more
+            core = _core(state)
+            mine = dict(json.loads(core), written=wall)
+            _write_memory(
+                directory, {"version": MEMORY_VERSION, "instances": {**others, state["instance"]: mine}}
+            )
+            state["saved"] = (core, wall)
+            state["memory_error"] = None
+    except (MemoryProblem, OSError, ValueError) as error:
+        _memory_failed(state, error)
+        since.update((k, since.get(k, wall)) for k in fresh)
 
 
 def beacon(config):
@@ -249,6 +568,9 @@ def beacon(config):
     """
     config = {**DEFAULTS, **salt.utils.beacons.list_to_dict(config)}
     state = _state()
+    if state.get("instance") is None:  # a new context: a new loader, or a restarted minion
+        state["instance"] = _instance(config)
+        _restore(state)
     try:
         if state["watch"] is None:
             state["watch"] = KernelWatch(config["uevents"] and HAS_PYROUTE2)
@@ -256,7 +578,9 @@ def beacon(config):
     except OSError as error:
         log.error("hana_storage beacon: cannot watch kernel events (%s); full audits only", error)
         devices, mounts_changed, lost = set(), False, True
-        state["watch"] = state["watch"] or KernelWatch(False)
+        if state["watch"] is not None:
+            state["watch"].close()  # a socket that failed once fails on every tick: not read again
+        state["watch"] = KernelWatch(False)
     now = time.monotonic()
     full = lost or state["next_full"] is None or now >= state["next_full"]
     scope, trigger = None, "full"
@@ -281,6 +605,28 @@ def beacon(config):
     else:
         state["settle"] = None
     return _emit(state, _audit(state, scope, trigger, now, config["full_audit_interval"]))
+
+
+def close(config):
+    """
+    Release what the beacon holds open and write its memory; Salt calls this before it replaces
+    the beacon loader (a module or pillar refresh) and on each tick of a state run when
+    ``disable_during_state_run`` is set. The memory in ``__context__`` stays: the next tick opens
+    a new watch and, having missed what happened meanwhile, audits everything.
+    """
+    state = __context__.get(CONTEXT)
+    if not state:
+        return
+    watch, state["watch"] = state.get("watch"), None
+    if watch is not None:
+        try:
+            watch.close()
+        except OSError as error:
+            log.debug("hana_storage beacon: closing the kernel watch: %s", error)
+    state["next_full"] = None
+    state["settle"] = None
+    if state.get("instance") is not None:
+        _remember(state, [], time.time())
 
 
 def _audit(state, scope, trigger, now, full_interval):
@@ -310,12 +656,20 @@ def _audit(state, scope, trigger, now, full_interval):
     wall = time.time()
     key = _events("finding_key")
     since = state.setdefault("since", {})  # a context kept from a beacon before this field
+    ended = state.setdefault("ended", {})
+    over = {}
     for finding in cleared:
-        since.pop(key(finding), None)
-    for finding in report["findings"]:  # an appeared one: the ts of the violation sent below
-        since.setdefault(key(finding), wall)
-    out = [_events("finding_event")("violation", f, trigger, wall) for f in appeared]
-    out += [_events("finding_event")("resolved", f, trigger, wall) for f in cleared]
+        if key(finding) in since:
+            over[key(finding)] = ended[key(finding)] = since.pop(key(finding))
+    # an appeared finding (or one a context from before the field lacks): its occurrence's since
+    fresh = [key(f) for f in report["findings"] if key(f) not in since]
+    _remember(state, fresh, wall, force=bool(cleared))
+    out = [
+        dict(_events("finding_event")("violation", f, trigger, wall), since=since[key(f)]) for f in appeared
+    ]
+    out += [
+        dict(_events("finding_event")("resolved", f, trigger, wall), since=over.get(key(f))) for f in cleared
+    ]
     if scope is None:
         state["next_full"] = now + full_interval
         seconds = time.monotonic() - started

@@ -10,14 +10,20 @@ triage runner's (``hana/storage/...``) and serves, on ``http://<bind>:<port>/met
 ``hana_storage_violations_total{...}``          findings that appeared (minion, rule, severity)
 ``hana_storage_resolved_total{minion,rule}``    findings that cleared
 ``hana_storage_remediations_total{...}``        remediations run (minion, rule, result)
-``hana_storage_alerts_total{minion,rule}``      alerts raised for manual rules
+``hana_storage_alerts_total{minion,rule}``      alerts raised (manual rules, auto ones not fixed)
 ``hana_storage_rejected_events_total{reason}``  events whose sender could not be verified
 ``hana_storage_last_audit_timestamp_seconds``   when the minion's last full audit ran
 ``hana_storage_events_total{event}``            events processed, per kind
 =============================================== ==================================================
 
 Beacon events count only when the minion's signature verifies (the runner's ``verify``), so a
-minion cannot make another one look compliant.
+minion cannot make another one look compliant. The triage runner's events (``hana/storage/*``)
+count only when the master's signature verifies (the runner's ``verify_master``, with
+``<pki_dir>/master.pub``): Salt lets any minion fire a tag with that prefix (``event.send`` with
+a ``preload``), and a forged remediation failure or alert must not reach a metric. What fails
+is counted as ``hana_storage_rejected_events_total{reason="forged_master_event"}`` instead, and
+logged with the id Salt recorded for its sender. ``verify_signatures: false`` turns off both
+checks (a test bus only).
 
 .. code-block:: yaml
 
@@ -80,7 +86,10 @@ class Metrics:
             "hana_storage_remediations", "Remediations run", ["minion", "rule", "result"], registry=registry
         )
         self.alerts = counter(
-            "hana_storage_alerts", "Alerts raised for manual rules", ["minion", "rule"], registry=registry
+            "hana_storage_alerts",
+            "Alerts raised: manual findings, and auto ones not fixed",
+            ["minion", "rule"],
+            registry=registry,
         )
         self.rejected = counter(
             "hana_storage_rejected_events",
@@ -132,8 +141,10 @@ class Metrics:
         self.series[minion] = self.series.get(minion, set()) | set(counts)
 
 
-def handle(metrics, tag, data, verify=None):
-    """Update ``metrics`` from one event; ``verify(tag, data)`` returns None or why to reject it."""
+def handle(metrics, tag, data, verify=None, verify_master=None):
+    """Update ``metrics`` from one event. ``verify(tag, data)`` (a beacon event) and
+    ``verify_master(tag, data)`` (an event of the master's, ``hana/storage/*``) return None or
+    ``{"code", "reason"}``: why it is not counted."""
     if tag.startswith(BEACON_PREFIX):
         minion, event = __utils__["hana_storage_events.minion_of_tag"](tag)
         if minion is None:
@@ -150,6 +161,16 @@ def handle(metrics, tag, data, verify=None):
         elif event == "resolved":
             metrics.clear(minion, data)
     elif tag.startswith(RUNNER_PREFIX):
+        problem = verify_master(tag, data) if verify_master else None
+        if problem:
+            metrics.rejected.labels(problem["code"]).inc()
+            log.warning(
+                "hana_storage_exporter: %s not counted, %s (sent by %s)",
+                tag,
+                problem["reason"],
+                data.get("id") or "no minion id",
+            )
+            return
         event = tag[len(RUNNER_PREFIX) :]
         metrics.events.labels(event).inc()
         if event == "remediation":
@@ -167,6 +188,7 @@ def start(bind="127.0.0.1", port=9723, verify_signatures=True):
     prometheus_client.start_http_server(int(port), addr=bind, registry=registry)
     log.info("hana_storage_exporter: serving metrics on http://%s:%s/metrics", bind, port)
     verify = __runners__["hana_storage.verify"] if verify_signatures else None
+    verify_master = __runners__["hana_storage.verify_master"] if verify_signatures else None
     with salt.utils.event.get_master_event(__opts__, __opts__["sock_dir"], listen=True) as bus:
         while True:
             event = bus.get_event(full=True, wait=5)
@@ -178,6 +200,6 @@ def start(bind="127.0.0.1", port=9723, verify_signatures=True):
             ):
                 continue
             try:
-                handle(metrics, tag, event["data"], verify)
+                handle(metrics, tag, event["data"], verify, verify_master)
             except (KeyError, TypeError, ValueError) as error:
                 log.warning("hana_storage_exporter: malformed event %s: %s", tag, error)

@@ -8,11 +8,15 @@ straight from the devices. Nothing here writes to a device: ``remediate`` goes t
 formula's states, ``io_check`` writes one test file on a mounted volume.
 """
 
+import contextlib
 import copy
 import hashlib
+import importlib.util
 import json
 import logging
 import os
+import re
+import secrets
 import stat
 
 import salt.utils.data
@@ -29,10 +33,21 @@ SCHEMA_URL = "salt://hana/storage/schema.json"
 DEFAULTS_URL = "salt://hana/storage/parameters/defaults.yaml"
 SYSTEM_MOUNTS = ("/", "/boot", "/boot/efi", "/usr", "/var")
 SYSFS_BLOCK = "/sys/class/block"
+# Where a disk's identity is: SCSI (SAN LUNs), NVMe, virtio (its serial)
+WWID_FILES = ("device/wwid", "wwid", "serial", "device/serial")
+# Kernel names that can change across boots: a pillar should name the LUN, not the path
+UNSTABLE_NAME = re.compile(r"^/dev/(sd[a-z]+|vd[a-z]+|xvd[a-z]+|hd[a-z]+|nvme[0-9]+n[0-9]+)$")
+BY_ID = "/dev/disk/by-id"
+# by-id links named after the hardware (WWN, serial): stable names for a disk. Others there name
+# what is on it (lvm-pv-uuid-, dm-uuid-, md-uuid-) and change when it is formatted.
+BY_ID_HARDWARE = ("wwn-", "scsi-", "nvme-", "virtio-", "ata-", "usb-", "mmc-", "cciss-", "google-")
 # Devices whose first bytes are never read: optical drives, floppies, RAM disks.
 UNREAD_DEVICE_PREFIXES = ("sr", "fd", "ram", "zram")
 HEADER_PROBE = 4096
-HEAD_BYTES = 1 << 20  # how much of a disk must be zero for it to count as blank
+# Where the guard looks for data on a device without a signature (see _first_data)
+HEAD_BYTES = 8 << 20
+SAMPLE_BYTES = 1 << 20
+SPREAD_WINDOWS, SPREAD_BYTES = 64, 64 << 10
 BLKID_NOTHING, BLKID_AMBIVALENT = 2, 8
 
 
@@ -41,6 +56,11 @@ def __virtual__():
         return False, "hana_storage: only Linux has dm-crypt, LVM and XFS"
     if not salt.utils.path.which("dmsetup"):
         return False, "hana_storage: dmsetup not found (install the dmsetup or device-mapper package)"
+    if importlib.util.find_spec("jsonschema") is None:
+        return False, (
+            "hana_storage: the jsonschema Python package is missing from the Python that runs Salt "
+            "(hana.storage.packages installs it; by hand: salt-pip install jsonschema)"
+        )
     return __virtualname__
 
 
@@ -92,7 +112,7 @@ def _device_facts(config):
                 facts[device] = {
                     "exists": True,
                     "block": stat.S_ISBLK(mode),
-                    "realpath": os.path.realpath(device),
+                    "realpath": f"/dev/{_kernel_name(device)}",
                 }
             except OSError:
                 facts[device] = {"exists": False}
@@ -105,7 +125,7 @@ def _system_devices():
     tops = {n for n, d in devices.items() if set(d["mountpoints"]) & set(SYSTEM_MOUNTS)}
     for line in _read("/proc/swaps").splitlines()[1:]:
         path = line.split()[0] if line.split() else ""
-        name = os.path.basename(os.path.realpath(path))
+        name = _kernel_name(path)
         if path.startswith("/dev/") and name in devices:
             tops.add(name)
     names = set()
@@ -157,11 +177,12 @@ def settings(pillar=None, host_checks=True):
 
         salt '*' hana_storage.settings
     """
+    systemd = (__grains__.get("systemd") or {}).get("version")  # the crypttab reader
     if not host_checks:
         # depends on the pillar alone: worked out once per pillar (a state run renders many SLS)
         config, errors = _merged(pillar)
         digest = hashlib.sha256(
-            json.dumps([config, errors], sort_keys=True, default=str).encode()
+            json.dumps([config, errors, systemd], sort_keys=True, default=str).encode()
         ).hexdigest()
         cached = __context__.get("hana_storage.plan")
         if cached and cached[0] == digest:
@@ -171,7 +192,7 @@ def settings(pillar=None, host_checks=True):
         result = {"valid": False, "errors": errors, "config": None}
     else:
         config, _ = _merged(pillar)
-        result = {"valid": True, "errors": [], "config": _util("pillar.normalize")(config)}
+        result = {"valid": True, "errors": [], "config": _util("pillar.normalize")(config, systemd)}
     if not host_checks:
         __context__["hana_storage.plan"] = (digest, copy.deepcopy(result))
     return result
@@ -203,6 +224,16 @@ def _listdir(path):
         return []
 
 
+def _kernel_name(path):
+    """The kernel's name of a block device: 'dm-3' for /dev/mapper/mpatha, a symlink (udev) or a
+    node of its own (libdevmapper without udev); the path's basename for anything else."""
+    try:
+        rdev = os.stat(path).st_rdev
+        return os.path.basename(os.readlink(f"/sys/dev/block/{os.major(rdev)}:{os.minor(rdev)}"))
+    except OSError:
+        return os.path.basename(os.path.realpath(path))
+
+
 def _sysfs():
     """One dict per /sys/class/block entry: dev, size, slaves, holders, partition, dm."""
     snapshot = {}
@@ -219,6 +250,11 @@ def _sysfs():
             "holders": _listdir(f"{base}/holders"),
             "partition_of": None,
             "dm": None,
+            # one LUN seen over several paths shows the same identity on each
+            "wwid": next(
+                (w for w in (_read(f"{base}/{f}").strip() for f in WWID_FILES) if w),
+                "",
+            ),
         }
         if os.path.exists(f"{base}/partition"):
             info["partition_of"] = os.path.basename(os.path.dirname(os.path.realpath(base)))
@@ -233,11 +269,18 @@ def _sysfs():
 
 
 def _mounts():
+    """The mount table; a line that breaks the format is logged and left out, never the table."""
     try:
-        return _util("tab.parse_mountinfo")(_read("/proc/self/mountinfo"))
-    except ValueError as error:
+        with open("/proc/self/mountinfo", "rb") as handle:
+            raw = handle.read()
+    except OSError as error:
         log.warning("hana_storage: /proc/self/mountinfo unreadable: %s", error)
         return []
+    malformed = []
+    mounts = _util("tab.parse_mountinfo")(raw, malformed=malformed)
+    for entry in malformed:
+        log.warning("hana_storage: /proc/self/mountinfo line %s left out: %s", entry["line"], entry["error"])
+    return mounts
 
 
 def _run(argv):
@@ -319,6 +362,27 @@ def _key_file_facts(plan):
     return facts
 
 
+def _device_names(plan, devices):
+    """{pillar device: {"unstable": bool, "stable": [names that stay]}}: the multipath map that
+    holds it, its /dev/disk/by-id links."""
+    by_id = {}
+    for link in (n for n in _listdir(BY_ID) if n.startswith(BY_ID_HARDWARE)):
+        by_id.setdefault(_kernel_name(f"{BY_ID}/{link}"), []).append(f"{BY_ID}/{link}")
+    names = {}
+    for volume in plan["volumes"].values():
+        for path in volume["devices"]:
+            name = _kernel_name(path)
+            device = devices.get(name) or {"holders": []}
+            maps = [
+                devices[h]["path"] for h in device["holders"] if devices.get(h, {}).get("kind") == "multipath"
+            ]
+            names[path] = {
+                "unstable": bool(UNSTABLE_NAME.match(path)),
+                "stable": maps + sorted(by_id.get(name, [])),
+            }
+    return names
+
+
 def _device_tree():
     """(devices, mounts) with dm tables attached; one `dmsetup table` for all devices."""
     mounts = _mounts()
@@ -358,6 +422,7 @@ def _facts(plan):
         "crypttab": _parsed_file("/etc/crypttab", "tab.parse_crypttab"),
         "fstab": _parsed_file("/etc/fstab", "tab.parse_fstab"),
         "key_files": _key_file_facts(plan),
+        "device_names": _device_names(plan, devices),
     }
 
 
@@ -499,14 +564,12 @@ def audit(pillar=None, volumes=None):
         plan = dict(plan, volumes={n: v for n, v in plan["volumes"].items() if n in wanted})
     report = _util("rules.audit")(plan, _facts(plan))
     for name, volume in plan["volumes"].items():  # kernel names, for the beacon to map uevents
-        report["volumes"][name]["disks"] = sorted(
-            os.path.basename(os.path.realpath(d)) for d in volume["devices"]
-        )
+        report["volumes"][name]["disks"] = sorted(_kernel_name(d) for d in volume["devices"])
     return report
 
 
 def _pv_groups():
-    """{realpath of a PV: its VG ('' for an orphan PV)} from one `pvs`."""
+    """{kernel name of a PV: its VG ('' for an orphan PV)} from one `pvs`."""
     if not salt.utils.path.which("pvs"):
         return {}
     text, error = _run(_util("lvm.pvs_command")())
@@ -514,7 +577,7 @@ def _pv_groups():
         log.warning("hana_storage: pvs failed: %s", error)
         return {}
     try:
-        return {os.path.realpath(pv["pv"]): pv["vg"] for pv in _util("lvm.parse_pvs")(text)}
+        return {_kernel_name(pv["pv"]): pv["vg"] for pv in _util("lvm.parse_pvs")(text)}
     except ValueError as err:
         log.warning("hana_storage: pvs output unreadable: %s", err)
         return {}
@@ -539,28 +602,94 @@ def _blkid(path):
     return signatures, values.get("PTTYPE")
 
 
-def _key_opens(device, key_file):
-    """True when ``key_file`` unlocks the LUKS ``device`` (cryptsetup --test-passphrase; no mapping)."""
-    result = __salt__["cmd.run_all"](
-        ["cryptsetup", "open", "--test-passphrase", "--key-file", key_file, device],
-        python_shell=False,
-        output_loglevel="quiet",
-        ignore_retcode=True,
-    )
-    return result["retcode"] == 0
+# cryptsetup's exit codes (cryptsetup(8)): only 2 says "no key opens it".
+CRYPTSETUP_EXIT = {
+    1: "wrong parameters",
+    2: "no key available",
+    3: "out of memory",
+    4: "wrong device",
+    5: "device busy or already exists",
+}
+KEY_TEST_MAX_HEADER = 128 << 20  # cryptsetup's own limit on a LUKS2 metadata + keyslots area
+
+
+def _key_test(name, header, key_file):
+    """(opens: True|False|None, error or None): does ``key_file`` unlock LUKS device /dev/<name>?
+
+    The key is tried on a copy of the header in memory, never on the device:
+    ``cryptsetup open --test-passphrase`` repairs a damaged LUKS2 header copy as it loads it,
+    which would change the device (and erase the evidence HANA-ENC-007 reports). False only
+    when cryptsetup says no key opens it (exit code 2); any other failure is an error.
+    """
+    size = header.get("data_offset")
+    if not isinstance(size, int) or not 0 < size <= KEY_TEST_MAX_HEADER:
+        return (
+            None,
+            f"LUKS header unreadable or without a data offset ({header.get('error', size)}): key not tried",
+        )
+    copy = os.memfd_create("hana-storage-luks-header", os.MFD_CLOEXEC)
+    try:
+        os.write(copy, _read_device(name, 0, size))
+        result = __salt__["cmd.run_all"](
+            [
+                "cryptsetup",
+                "open",
+                "--test-passphrase",
+                "--key-file",
+                key_file,
+                f"/proc/{os.getpid()}/fd/{copy}",
+            ],
+            python_shell=False,
+            output_loglevel="quiet",
+            ignore_retcode=True,
+        )
+    except (OSError, CommandExecutionError) as error:
+        return None, f"cannot copy the LUKS header of /dev/{name}: {error}"
+    finally:
+        os.close(copy)
+    code = result["retcode"]
+    if code == 0:
+        return True, None
+    if code == 2:
+        return False, None
+    cause = CRYPTSETUP_EXIT.get(code, "unexpected exit code")
+    return None, f"cryptsetup exited {code} ({cause}): {result['stderr'].strip()[:200]}"
+
+
+def _first_data(name, size):
+    """First byte offset with a non-zero byte in the areas where data and metadata sit, or None.
+
+    Read: the first 8 MiB (partition tables, LVM labels and metadata, both LUKS2 header copies
+    at any header size, filesystem superblocks), the middle and the last MiB (GPT backup, md
+    and LVM's second metadata area), and 64 KiB windows spread over the whole device: a disk
+    zeroed at the start but holding data further in is not blank.
+    """
+    windows = [(0, HEAD_BYTES), (max(size // 2 - SAMPLE_BYTES // 2, 0), SAMPLE_BYTES)]
+    windows.append((max(size - SAMPLE_BYTES, 0), SAMPLE_BYTES))
+    step = max(size // SPREAD_WINDOWS, SPREAD_BYTES)
+    windows += [(offset, SPREAD_BYTES) for offset in range(HEAD_BYTES, size, step)]
+    for offset, length in sorted(windows):
+        chunk = _read_device(name, offset, min(length, max(size - offset, 0)))
+        if chunk.count(0) != len(chunk):
+            return offset + next(i for i, byte in enumerate(chunk) if byte)
+    return None
 
 
 def probe(devices, key_file=None):
     """
     What is on each device, as the data-loss guard sees it: signatures (``blkid -p``), partition
     table, PV and its VG, LUKS header and whether ``key_file`` opens it, holders, mountpoints,
-    whether the first MiB holds data, and an XFS superblock's state. Read-only. The key is only
-    tried (argon2 costs seconds) on a LUKS device that is not open.
+    where a device without a signature holds data (``data_at``, from areas sampled over the
+    whole device), and an XFS superblock's state. Read-only: not a byte of any device changes
+    (the key is tried on an in-memory copy of the header). The key is only tried (argon2 costs
+    seconds) on a closed LUKS device that has a keyslot.
 
     devices
         A device path, a comma-separated list or a list.
     key_file
         A key file to test LUKS devices with (``cryptsetup open --test-passphrase``).
+        ``key_opens`` is False only when cryptsetup says the key opens no keyslot; when the test
+        itself fails (out of memory, busy ...) it is None and ``key_error`` says why.
 
     CLI Example:
 
@@ -584,9 +713,10 @@ def probe(devices, key_file=None):
             "pv_vg": None,
             "luks": None,
             "key_opens": None,
+            "key_error": None,
             "holders": [],
             "mountpoints": [],
-            "nonzero_head": False,
+            "data_at": None,
             "xfs": None,
         }
         probes[device] = result
@@ -596,7 +726,7 @@ def probe(devices, key_file=None):
         result["block"] = stat.S_ISBLK(info.st_mode)
         if not result["block"]:
             continue
-        name = os.path.basename(path)
+        name = _kernel_name(path)
         dev = f"{os.major(info.st_rdev)}:{os.minor(info.st_rdev)}"
         result["mountpoints"] = [m["mountpoint"] for m in mounts if m["dev"] == dev]
         result["holders"] = [
@@ -606,18 +736,19 @@ def probe(devices, key_file=None):
         result["signatures"], result["pttype"] = _blkid(path)
         if "LVM2_member" in [s["type"] for s in result["signatures"]]:
             groups = _pv_groups() if groups is None else groups
-            result["pv_vg"] = groups.get(path)
-        head = _read_device(name, 0, HEAD_BYTES)
-        result["nonzero_head"] = head != bytes(len(head))
+            result["pv_vg"] = groups.get(name)
         types = [s["type"] for s in result["signatures"]]
+        if not types and not result["pttype"]:
+            size = _read(f"{SYSFS_BLOCK}/{name}/size").strip()
+            result["data_at"] = _first_data(name, int(size) * 512 if size.isdigit() else HEAD_BYTES)
         if "crypto_LUKS" in types:
             header = _header_of(name)
             result["luks"] = {k: header.get(k) for k in ("version", "uuid", "error") if k in header}
             if isinstance(header.get("keyslots"), list):
                 result["luks"]["keyslots"] = len(header["keyslots"])
-            # an open LUKS device is judged by who holds it; only a closed one needs the key tried
-            if key_file and not result["holders"]:
-                result["key_opens"] = _key_opens(path, key_file)
+            # an open LUKS device is judged by who holds it, one without a keyslot opens for nobody
+            if key_file and not result["holders"] and result["luks"].get("keyslots") != 0:
+                result["key_opens"], result["key_error"] = _key_test(name, header, key_file)
         if "xfs" in types:
             result["xfs"] = _superblock_of(name)
     return probes
@@ -670,9 +801,16 @@ def remediate(rules=None, pillar=None):
     rule table and listed in ``hana:storage:compliance:remediation:rules``.
 
     rules
-        Only these rule IDs (a list or comma-separated); default: every allowed rule.
+        Only these rule IDs (a list or comma-separated); default: every auto rule (a manual
+        one is never fixed here, so asking for it only reports it skipped).
 
-    Returns ``{"result", "fixed", "failed", "skipped", "remaining"}``.
+    Returns ``{"result", "fixed", "failed", "skipped", "remaining"}``. ``remaining`` is what a
+    second audit after the fixes still finds of those rules (the first one when nothing was
+    fixed): a fix counts once that audit no longer finds it. ``result`` is True only when nothing
+    of those rules is left: no fix failed, none was skipped, none remains. Each skipped entry
+    names its ``code``: ``manual_rule`` (never remediated automatically), ``not_allowed`` (not in
+    ``hana:storage:compliance:remediation``), ``not_mounted`` (fstab needs the volume mounted),
+    ``no_fix`` (no safe fix for this device); ``reason`` says it in words.
 
     CLI Example:
 
@@ -684,7 +822,8 @@ def remediate(rules=None, pillar=None):
     plan = _plan(pillar)
     policy = plan["compliance"]["remediation"]
     table = _util("rules.rule_table")()
-    wanted = set(rules.split(",") if isinstance(rules, str) else rules or table)
+    auto = {rule for rule, entry in table.items() if entry["remediation"] == "auto"}
+    wanted = set(rules.split(",") if isinstance(rules, str) else rules or auto)
     report = _util("rules.audit")(plan, _facts(plan))
     fixed, failed, skipped = [], [], []
     done = set()
@@ -694,18 +833,28 @@ def remediate(rules=None, pillar=None):
         if rule not in wanted:
             continue
         if table[rule]["remediation"] != "auto":
-            skipped.append({**entry, "reason": "manual rule: never remediated automatically"})
+            skipped.append(
+                {**entry, "code": "manual_rule", "reason": "manual rule: never remediated automatically"}
+            )
             continue
         if not policy.get("enabled", True) or rule not in policy.get("rules", []):
-            skipped.append({**entry, "reason": "not allowed by hana:storage:compliance:remediation"})
+            skipped.append(
+                {
+                    **entry,
+                    "code": "not_allowed",
+                    "reason": "not allowed by hana:storage:compliance:remediation",
+                }
+            )
             continue
         volume = report["volumes"][finding["volume"]]
         if rule == "HANA-PERSIST-002" and not volume["mounted"]:
-            skipped.append({**entry, "reason": "volume not mounted (HANA-MOUNT-001 is manual)"})
+            skipped.append(
+                {**entry, "code": "not_mounted", "reason": "volume not mounted (HANA-MOUNT-001 is manual)"}
+            )
             continue
         fun, kwargs = _fix_state(plan, finding)
         if fun is None:
-            skipped.append({**entry, "reason": "no safe fix for this device"})
+            skipped.append({**entry, "code": "no_fix", "reason": "no safe fix for this device"})
             continue
         if (fun, kwargs["name"]) in done:
             fixed.append({**entry, "changes": "fixed with an earlier finding"})
@@ -721,7 +870,7 @@ def remediate(rules=None, pillar=None):
             failed.append({**entry, "comment": state.get("comment")})
     after = _util("rules.audit")(plan, _facts(plan)) if fixed else report
     remaining = [f for f in after["findings"] if f["rule"] in wanted]
-    result = not failed
+    result = not failed and not skipped and not remaining
     if not result:
         __context__["retcode"] = 1
     return {"result": result, "fixed": fixed, "failed": failed, "skipped": skipped, "remaining": remaining}
@@ -729,7 +878,7 @@ def remediate(rules=None, pillar=None):
 
 # ---- the HANA I/O check ----------------------------------------------------------------------
 
-IO_CHECK_FILE = ".hana_storage_io_check"
+IO_CHECK_DIR = ".hana_storage_io_check."
 SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
@@ -741,8 +890,41 @@ def _size_bytes(size):
     return int(number) * SIZE_UNITS[unit]
 
 
+@contextlib.contextmanager
+def _io_check_file(mountpoint, dev):
+    """A new root-only test file on the filesystem mounted at ``mountpoint``, named to fio by
+    ``/proc/<pid>/fd/<n>``, removed afterwards.
+
+    Whoever can write the mount root (``<sid>adm``) could plant a symlink under any name: the
+    directory and the file are created here with O_EXCL and O_NOFOLLOW relative to descriptors,
+    and fio opens the very inode made here, never a path someone else can redirect.
+    """
+    root = os.open(mountpoint, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    directory = f"{IO_CHECK_DIR}{secrets.token_hex(8)}"
+    handle = workdir = None
+    try:
+        st_dev = os.fstat(root).st_dev
+        if f"{os.major(st_dev)}:{os.minor(st_dev)}" != dev:
+            raise CommandExecutionError(f"{mountpoint} is not the root of the mount it was ({dev})")
+        os.mkdir(directory, 0o700, dir_fd=root)
+        workdir = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root)
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        handle = os.open("io_check", flags, 0o600, dir_fd=workdir)
+        yield f"/proc/{os.getpid()}/fd/{handle}"
+    finally:
+        if handle is not None:
+            os.close(handle)
+            os.unlink("io_check", dir_fd=workdir)
+        if workdir is not None:
+            os.close(workdir)
+            os.rmdir(directory, dir_fd=root)
+        os.close(root)
+
+
 def _mounted_at(mountpoint):
-    return any(m["mountpoint"] == mountpoint for m in _mounts())
+    """The major:minor of what is mounted at ``mountpoint``, or None."""
+    found = [m["dev"] for m in _mounts() if m["mountpoint"] == mountpoint]
+    return found[-1] if found else None
 
 
 def io_check(volumes=None, size="1G", runtime=30, kpis=None, pillar=None):
@@ -753,7 +935,8 @@ def io_check(volumes=None, size="1G", runtime=30, kpis=None, pillar=None):
     250 MB/s with 1 MB blocks and 1 ms for 4K/16K, data 400 MB/s read and 250 MB/s write with 16 MB
     blocks; override with ``kpis={'log:write:1m': {'min_mb_s': 400}}``).
 
-    Writes only a test file of ``size`` in the mountpoint, removed afterwards; a volume that is
+    Writes only a test file of ``size`` in a new root-only directory in the mountpoint (never
+    through a path others can redirect), removed afterwards; a volume that is
     not mounted, or lacks the space, is refused (never measure the root filesystem underneath).
     Needs fio. Numbers from a virtual machine are the hypervisor's, not the storage's.
 
@@ -780,15 +963,15 @@ def io_check(volumes=None, size="1G", runtime=30, kpis=None, pillar=None):
         if volume is None:
             raise CommandExecutionError(f"volume {name!r} is not in hana:storage:volumes")
         mountpoint = volume["mountpoint"]
-        if not _mounted_at(mountpoint):
+        dev = _mounted_at(mountpoint)
+        if not dev:
             raise CommandExecutionError(f"{mountpoint} is not mounted: refusing to measure what lies beneath")
         stats = os.statvfs(mountpoint)
         if stats.f_bavail * stats.f_frsize < size_bytes * 1.1:
             raise CommandExecutionError(f"{mountpoint} has less free space than {size} plus 10%")
         profile = "log" if name == "log" else "data"
-        path = os.path.join(mountpoint, IO_CHECK_FILE)
         jobs = []
-        try:
+        with _io_check_file(mountpoint, dev) as path:
             for job in _util("fio.profile_jobs")(profile):
                 out, error = _run(_util("fio.fio_argv")(path, job, size, int(runtime)))
                 if error:
@@ -800,9 +983,6 @@ def io_check(volumes=None, size="1G", runtime=30, kpis=None, pillar=None):
                 check = _util("fio.verdict")(profile, job, result, kpi_table)
                 passed = passed and (check is None or check["passed"])
                 jobs.append({**job, **result, "kpi": check})
-        finally:
-            if os.path.exists(path):
-                os.unlink(path)
         report[name] = {"mountpoint": mountpoint, "profile": profile, "jobs": jobs}
     virtual = __grains__.get("virtual", "physical")
     result = {"passed": passed, "volumes": report, "size": size, "runtime_s": int(runtime)}

@@ -15,10 +15,9 @@ import os
 import stat
 
 import salt.utils.data
+from salt.exceptions import CommandExecutionError
 
 __virtualname__ = "hana_storage"
-
-TMPFS_TYPES = ("tmpfs", "ramfs")
 
 
 def __virtual__():
@@ -94,8 +93,11 @@ def key_present(name, source, pillar=None):
 
     source
         ``keyfile``: the file must already be there (put by the key store); its mode and owner
-        are corrected to 0400 root. ``pillar``: the base64 material at the pillar path
-        ``pillar`` is written to ``name`` on tmpfs, mode 0400; never to persistent disk.
+        are corrected to 0400 root, through a descriptor (a symlink is never followed), and a
+        key whose real path runs through a directory others can write is refused.
+        ``pillar``: the base64 material at the pillar path ``pillar`` is written to ``name`` on
+        a ramfs mounted (mode 0700) on its directory: ramfs pages never go to swap, and nothing
+        reaches a persistent disk.
     """
     ret = _ret(name)
     if source == "keyfile":
@@ -108,46 +110,103 @@ def key_present(name, source, pillar=None):
     if not key:
         return _done(ret, f"no usable key material at pillar {pillar} (the value is not shown)", result=False)
     directory = os.path.dirname(name)
-    fstype = _fstype_of(directory)
-    if fstype not in TMPFS_TYPES:
-        return _done(
-            ret, f"{directory} is on {fstype}, not tmpfs: a pillar key is never written to disk", result=False
-        )
     if os.path.islink(name) or os.path.islink(directory):
         return _done(
             ret, f"{name} or its directory is a symlink: refusing to write a key through it", result=False
         )
-    if os.path.isfile(name) and _key_file_matches(name, key):
-        return _done(ret, f"key file {name} is in place (tmpfs, 0400 root)")
+    try:
+        on_ramfs = _fstype_of(directory) == KEY_FSTYPE and _is_mountpoint(directory)
+    except MountTableError as error:
+        return _done(ret, f"{error}: not writing a key there", result=False)
+    if on_ramfs and os.path.isfile(name) and _key_file_matches(name, key):
+        return _done(ret, f"key file {name} is in place (ramfs, 0400 root)")
     if __opts__["test"]:
-        return _would(ret, f"would write the key from pillar {pillar} to {name} (tmpfs, 0400 root)")
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    os.chmod(directory, 0o700)
+        where = "" if on_ramfs else f"mount a ramfs (mode 0700) on {directory} and "
+        return _would(ret, f"would {where}write the key from pillar {pillar} to {name} (0400 root)")
+    if not on_ramfs and not _mount_key_ramfs(ret, directory, name):
+        return ret
     temporary = f"{name}.new"
     if os.path.lexists(temporary):
         os.unlink(temporary)
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o400)
     try:
         os.write(fd, key)
-        os.fsync(fd)
     finally:
         os.close(fd)
     os.rename(temporary, name)
-    return _done(
-        ret,
-        f"wrote the key from pillar {pillar} to {name}",
-        key_file=f"written ({len(key)} bytes, mode 0400, {fstype})",
-    )
+    ret["changes"]["key_file"] = f"written ({len(key)} bytes, mode 0400, {KEY_FSTYPE})"
+    return _done(ret, f"wrote the key from pillar {pillar} to {name}")
+
+
+KEY_FSTYPE = "ramfs"  # tmpfs pages can be swapped out; ramfs pages never are
+
+
+def _is_mountpoint(path):
+    real = os.path.realpath(path)
+    return any(m["mountpoint"] == real for m in _mount_table(real))
+
+
+class MountTableError(CommandExecutionError):
+    """A line of /proc/self/mountinfo that may be the mount a state must know is unreadable."""
+
+
+def _mount_table(path, holding=False):
+    """The parsed mount table, unless a line that cannot be read may be the mount at ``path``
+    (or, ``holding``, one above it): a state must not guess what is mounted where."""
+    with open("/proc/self/mountinfo", "rb") as handle:
+        raw = handle.read()
+    malformed = []
+    mounts = _util("tab.parse_mountinfo")(raw, malformed=malformed)
+    doubt = _util("tab.mountinfo_doubt")(malformed, path, holding)
+    if doubt:
+        raise MountTableError(f"cannot tell what is mounted at {path}: /proc/self/mountinfo {doubt['error']}")
+    return mounts
+
+
+def _mount_key_ramfs(ret, directory, name):
+    """Mount a root-only ramfs on the key directory; a key file left on the filesystem below
+    (tmpfs, from before) is removed first, so no copy stays where it could be swapped."""
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    for stale in (name, f"{name}.new"):
+        if os.path.lexists(stale):
+            os.unlink(stale)
+            ret["changes"].setdefault("removed", []).append(stale)
+    result = __salt__["mount.mount"](directory, "hana-storage-keys", fstype=KEY_FSTYPE, opts="mode=0700")
+    if result is not True:
+        _done(ret, f"mounting a ramfs on {directory} failed: {result}", result=False)
+        return False
+    ret["changes"]["mounted"] = {"directory": directory, "fstype": KEY_FSTYPE, "mode": "0700"}
+    return True
 
 
 def _key_file_matches(path, key):
-    info = os.stat(path)
-    with open(path, "rb") as handle:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
         same = hmac.compare_digest(handle.read(), key)
     return same and stat.S_IMODE(info.st_mode) == 0o400 and info.st_uid == 0
 
 
+def _unsafe_directory(path):
+    """The first directory of ``path``'s real path that a user other than root could change
+    (not root's, or group/other-writable without the sticky bit), or None."""
+    real = os.path.dirname(os.path.realpath(path))
+    parts = real.strip("/").split("/") if real != "/" else []
+    for depth in range(len(parts) + 1):
+        directory = "/" + "/".join(parts[:depth])
+        info = os.lstat(directory)
+        writable = info.st_mode & 0o002 or (info.st_mode & 0o020 and info.st_gid != 0)
+        if info.st_uid != 0 or (writable and not info.st_mode & stat.S_ISVTX):
+            return directory
+    return None
+
+
 def _keyfile_mode(ret, name):
+    try:
+        link = stat.S_ISLNK(os.lstat(name).st_mode)
+        unsafe = _unsafe_directory(name)
+    except OSError:
+        link, unsafe = False, None
     if not os.path.isfile(name):
         return _done(
             ret,
@@ -155,16 +214,31 @@ def _keyfile_mode(ret, name):
             "(hana:storage:key:source is keyfile)",
             result=False,
         )
-    info = os.stat(name)
-    mode = stat.S_IMODE(info.st_mode)
-    if not mode & 0o077 and info.st_uid == 0:
-        return _done(ret, f"key file {name} is root-only ({mode:04o})")
-    if __opts__["test"]:
-        return _would(
-            ret, f"would make key file {name} mode 0400, owner root (now {mode:04o}, uid {info.st_uid})"
+    if unsafe:
+        via = f" (through the symlink {name})" if link else ""
+        return _done(
+            ret,
+            f"refusing key file {name}: its directory {unsafe}{via} can be changed by users other than root, "
+            "who could swap the key or redirect what is done to it. Nothing was changed.",
+            result=False,
         )
-    os.chown(name, 0, 0)
-    os.chmod(name, 0o400)
+    # through one descriptor of the real file: a symlink swapped in meanwhile is not followed
+    fd = os.open(os.path.realpath(name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        mode = stat.S_IMODE(info.st_mode)
+        if not stat.S_ISREG(info.st_mode):
+            return _done(ret, f"key file {name} is not a regular file: not touching it", result=False)
+        if not mode & 0o077 and info.st_uid == 0:
+            return _done(ret, f"key file {name} is root-only ({mode:04o})")
+        if __opts__["test"]:
+            return _would(
+                ret, f"would make key file {name} mode 0400, owner root (now {mode:04o}, uid {info.st_uid})"
+            )
+        os.fchown(fd, 0, 0)
+        os.fchmod(fd, 0o400)
+    finally:
+        os.close(fd)
     return _done(
         ret,
         f"key file {name} made root-only",
@@ -177,9 +251,7 @@ def _fstype_of(path):
     """Filesystem type of the mount that holds ``path`` (the longest mountpoint prefix)."""
     best, fstype = "", "unknown"
     real = os.path.realpath(path)
-    with open("/proc/self/mountinfo", encoding="utf-8") as handle:
-        mounts = _util("tab.parse_mountinfo")(handle.read())
-    for mount in mounts:
+    for mount in _mount_table(real, holding=True):
         point = mount["mountpoint"]
         if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
             best, fstype = point, mount["fstype"]
@@ -209,14 +281,12 @@ def devices_safe(name, volume):
     )
     verdicts = [_util("safety.disk_verdict")(volume, probes[device]) for device in volume["devices"]]
     refused = [v for v in verdicts if v["verdict"] == "refuse"]
-    if refused and __opts__["test"] and below and not key_ready:
-        unknown = [v for v in refused if v["reason"].startswith("is LUKS that")]
-        if len(unknown) == len(refused):
-            return _would(
-                ret,
-                f"volume {name}: {', '.join(v['device'] for v in unknown)} hold LUKS; whether the "
-                f"key opens them is checked once the key file {key_file} is written",
-            )
+    if refused and __opts__["test"] and all(v["code"] == "key_not_tested" for v in refused):
+        return _would(
+            ret,
+            f"volume {name}: {', '.join(v['device'] for v in refused)} hold LUKS; whether the "
+            f"key opens them is checked once the key file {key_file} is written",
+        )
     if refused:
         return _done(
             ret,
@@ -238,13 +308,17 @@ def devices_safe(name, volume):
 # ---- LUKS ------------------------------------------------------------------------------------
 
 
-def luks_formatted(name, key_file, luks, label, stripe_kib=0, stripes=1, may_wipe=False):
+def luks_formatted(name, key_file, luks, label, stripe_kib=0, stripes=1, may_wipe=False, created_by=None):
     """
     ``name`` is LUKS2 as the policy says, opened by ``key_file``; a blank device is formatted,
-    one with any other content is refused (or wiped first when ``may_wipe``).
+    one with any other content is refused (or wiped first when ``may_wipe``). "Blank" is not
+    "no signature": plain dm-crypt or a detached-header LUKS shows none. Only a device the state
+    ``created_by`` created in this run, or one whose sampled areas read zero, is blank.
 
     label
         The LUKS2 label, also the crypt mapping's name: a device held by it is already ours.
+    created_by
+        The ID of the state that creates ``name`` (the volume's ``lvm.lv_present``).
 
     luks
         The LUKS policy (type, cipher, key_size, sector_size, pbkdf).
@@ -261,7 +335,9 @@ def luks_formatted(name, key_file, luks, label, stripe_kib=0, stripes=1, may_wip
             return _would(ret, f"would luksFormat {name} once it exists ({what})")
         return _done(ret, f"{name} does not exist", result=False)
     probe = _probe(name, key_file if os.path.isfile(key_file) else None)
-    verdict = _util("safety.layer_verdict")("luks", probe, may_wipe, own_holders=[label])
+    verdict = _util("safety.layer_verdict")(
+        "luks", probe, may_wipe, own_holders=[label], created_now=_created_in_this_run(created_by)
+    )
     if verdict["verdict"] == "use":
         return _done(ret, f"{name}: {verdict['reason']}")
     if verdict["verdict"] == "refuse":
@@ -280,6 +356,39 @@ def luks_formatted(name, key_file, luks, label, stripe_kib=0, stripes=1, may_wip
     return _done(
         ret, f"formatted {name}: {what}", formatted={"device": name, "luks_uuid": uuid, "format": what}
     )
+
+
+def _created_in_this_run(state_id):
+    """Did the state ``state_id`` of this run create its device (``changes: {created: ...}``)?"""
+    running = globals().get("__running__") or {}
+    return bool(state_id) and any(
+        ret.get("__id__") == state_id and "created" in (ret.get("changes") or {}) for ret in running.values()
+    )
+
+
+def pv_safe(name, vg, lv_dm_name=None):
+    """
+    The opened LUKS device ``name`` (below LVM) is blank or already a PV of ``vg`` (held by its
+    LV ``lv_dm_name`` once that exists), before Salt's
+    ``lvm.pv_present`` runs ``pvcreate --yes`` on it, which wipes any signature. A device the
+    volume's key opens may hold a filesystem, an md member or another VG's PV (a layout change,
+    a re-used key): then the volume stops here, naming the device and what is on it.
+    """
+    ret = _ret(name)
+    if not os.path.exists(name):
+        if __opts__["test"]:
+            return _would(ret, f"would check what {name} holds once it is opened")
+        return _done(ret, f"{name} does not exist", result=False)
+    verdict = _util("safety.layer_verdict")(
+        "pv", _probe(name), False, own_holders=[lv_dm_name] if lv_dm_name else [], own_vg=vg
+    )
+    if verdict["verdict"] == "refuse":
+        return _done(
+            ret,
+            f"refusing to make {name} a PV of {vg}: it {verdict['reason']}. Nothing was changed.",
+            result=False,
+        )
+    return _done(ret, f"{name}: {verdict['reason']}")
 
 
 def luks_opened(name, device, key_file, flags):
@@ -420,9 +529,9 @@ def formatted(name, stripe_kib=0, stripes=1, mkfs_options=(), may_wipe=False):
             f"refusing to create a filesystem on {name}: it {verdict['reason']}. Nothing was changed.",
             result=False,
         )
-    argv = _util("commands.mkfs_xfs")(
-        name, stripe_kib, stripes, list(mkfs_options), force=verdict["reason"].startswith("an interrupted")
-    )
+    # mkfs.xfs refuses to overwrite its own unfinished superblock without -f
+    force = verdict["code"] == "interrupted_mkfs"
+    argv = _util("commands.mkfs_xfs")(name, stripe_kib, stripes, list(mkfs_options), force=force)
     if __opts__["test"]:
         return _would(ret, f"would run {' '.join(argv)} ({verdict['reason']})")
     if verdict["verdict"] == "wipe" and not _wipe(ret, name, verdict["reason"]):
@@ -439,7 +548,10 @@ def mounted(name, device, options, fstab_options):
     with ``fstab_options``. A mountpoint that holds another device is never unmounted.
     """
     ret = _ret(name)
-    live = _live_mount(name)
+    try:
+        live = _live_mount(name)
+    except MountTableError as error:
+        return _done(ret, f"{error}: not mounting anything there", result=False)
     exists = os.path.exists(device)
     if live and (not exists or live["dev"] != _dev_of(device)):
         return _done(
@@ -459,7 +571,12 @@ def mounted(name, device, options, fstab_options):
         name, spec, "xfs", opts=",".join(fstab_options) or "defaults", test=__opts__["test"], match_on="name"
     )
     todo = [] if status == "present" else [f"{'add' if status == 'new' else 'update'} /etc/fstab: {line}"]
-    missing = [o for o in options if live and o not in live["options"] + live["super_options"]]
+    # only what the kernel shows can be compared: nofail, _netdev, x-systemd.* never show
+    missing = [
+        o
+        for o in _util("pillar.kernel_mount_options")(options)
+        if live and o not in live["options"] + live["super_options"]
+    ]
     if not live:
         todo.append(f"mount {device} at {name}")
     elif missing:
@@ -485,9 +602,7 @@ def mounted(name, device, options, fstab_options):
 
 
 def _live_mount(mountpoint):
-    with open("/proc/self/mountinfo", encoding="utf-8") as handle:
-        mounts = _util("tab.parse_mountinfo")(handle.read())
-    found = [m for m in mounts if m["mountpoint"] == mountpoint]
+    found = [m for m in _mount_table(mountpoint) if m["mountpoint"] == mountpoint]
     return found[-1] if found else None
 
 

@@ -154,3 +154,20 @@ def minion_of_tag(tag):
     if len(parts) == 5 and parts[:2] == ["salt", "beacon"] and parts[3] == "hana_storage" and parts[2]:
         return parts[2], parts[4]
     return None, None
+
+
+# The identity the master signs its own events as (hana/storage/...): no minion signs as the master,
+# because no minion holds the master's private key.
+MASTER_SIGNER = "master"
+MASTER_TAG_PREFIX = "hana/storage/"
+# Fields of a master event outside its signature: the signature itself, and Salt's time stamp.
+MASTER_UNSIGNED_FIELDS = ("sig", "_stamp")
+
+
+def master_signed_bytes(tag, data):
+    """The bytes the master signs for an event it fires under ``tag`` (``hana/storage/...``) and
+    a consumer verifies with the master's public key: ``signed_bytes`` with the master as sender,
+    the whole tag, and every field of the data but ``sig`` and ``_stamp`` (``tag`` and ``id`` too:
+    a master event has no field Salt adds but the stamp, so all of them are covered)."""
+    body = {k: v for k, v in data.items() if k not in MASTER_UNSIGNED_FIELDS}
+    return signed_bytes(MASTER_SIGNER, tag, {"fields": body})

@@ -89,6 +89,7 @@ def _parse_luks1(raw):
         "flags": [],
         "requirements": [],
         "tokens": [],
+        "reencryption": None,
         "hash": hash_spec,
         "degraded": False,
         "copies": {"primary": "ok"},
@@ -219,7 +220,11 @@ def _summarise(copy):
         d for d in meta["digests"].values() if isinstance(d, dict) and "0" in (d.get("segments") or [])
     ]
     slot_ids = {str(k) for d in digests_for_segment for k in d.get("keyslots") or []}
-    sized = [s["key_size"] for s in keyslots if str(s["id"]) in slot_ids] or [s["key_size"] for s in keyslots]
+    key_slots = [s for s in keyslots if s["type"] != "reencrypt"]  # a reencrypt keyslot holds no key
+    sized = [s["key_size"] for s in key_slots if str(s["id"]) in slot_ids] or [
+        s["key_size"] for s in key_slots
+    ]
+    requirements = list(requirements) if isinstance(requirements, list) else []
     return {
         "version": 2,
         "uuid": copy["uuid"],
@@ -233,8 +238,9 @@ def _summarise(copy):
         "keyslots": keyslots,
         "segments": segments,
         "flags": sorted(flags),
-        "requirements": list(requirements) if isinstance(requirements, list) else [],
+        "requirements": requirements,
         "tokens": tokens,
+        "reencryption": _reencryption(keyslots, requirements, meta["segments"]),
     }
 
 
@@ -254,7 +260,27 @@ def _segment(sid, seg):
 
 
 def _keyslot(kid, slot):
+    """A keyslot: a ``luks2`` one holds a copy of the volume key behind a KDF; a ``reencrypt`` one
+    (``cryptsetup reencrypt``, from --init-only until the end) holds no key and has no KDF, only
+    the re-encryption's mode, direction and resilience area. Its ``kdf`` is None."""
     where = f"keyslot {kid}"
+    kind = _field(slot, "type", str, where)
+    result = {
+        "id": kid,
+        "type": kind,
+        "key_size": _field(slot, "key_size", int, where) * 8,
+        "priority": slot.get("priority", 1) if isinstance(slot.get("priority", 1), int) else 1,
+        "kdf": None,
+    }
+    if kind == "reencrypt":
+        result["mode"] = _field(slot, "mode", str, where)
+        result["direction"] = _field(slot, "direction", str, where)
+        area = slot.get("area")
+        resilience = area.get("type") if isinstance(area, dict) else None
+        result["resilience"] = resilience if isinstance(resilience, str) else None
+        return result
+    if kind != "luks2" and "kdf" not in slot:
+        return result  # a keyslot type of a later LUKS2 revision: reported, not judged here
     kdf = _field(slot, "kdf", dict, where)
     kdf_type = _field(kdf, "type", str, f"{where} kdf")
     summary = {"type": kdf_type}
@@ -264,12 +290,50 @@ def _keyslot(kid, slot):
     elif kdf_type in ("argon2i", "argon2id"):
         for key in ("time", "memory", "cpus"):
             summary[key] = _field(kdf, key, int, f"{where} kdf")
+    result["kdf"] = summary
+    return result
+
+
+def reencrypt_requirement(name):
+    """True for the LUKS2 requirements that mark a re-encryption in progress: cryptsetup's
+    ``online-reencrypt`` and ``online-reencrypt-v<N>`` (lib/luks2/luks2_json_metadata.c), and
+    ``offline-reencrypt`` (the legacy offline tool)."""
+    if name in ("online-reencrypt", "offline-reencrypt"):
+        return True
+    suffix = name[len("online-reencrypt-v") :] if name.startswith("online-reencrypt-v") else ""
+    return suffix.isdigit() and suffix.isascii()
+
+
+def _reencryption(keyslots, requirements, meta_segments):
+    """The re-encryption fact, or None: in progress from ``cryptsetup reencrypt --init-only`` (or
+    the start of a reencrypt) until it completes and cryptsetup removes keyslot and requirement.
+
+    {"in_progress": True, "mode": reencrypt|encrypt|decrypt, "direction": forward|backward,
+    "resilience": checksum|journal|datashift|none|..., "keyslot": id, "requirement": name,
+    "target": {"encryption", "sector_size"} of the segment it re-encrypts to (None: to plaintext)}
+    """
+    slot = next((s for s in keyslots if s["type"] == "reencrypt"), None)
+    requirement = next((r for r in requirements if isinstance(r, str) and reencrypt_requirement(r)), None)
+    if slot is None and requirement is None:
+        return None
+    final = next((s for s in meta_segments.values() if "backup-final" in _list(s.get("flags"))), None)
+    target = None
+    if final is not None and final.get("type") == "crypt":
+        encryption, sector_size = final.get("encryption"), final.get("sector_size")
+        target = {
+            "encryption": encryption if isinstance(encryption, str) else None,
+            "sector_size": sector_size
+            if isinstance(sector_size, int) and not isinstance(sector_size, bool)
+            else None,
+        }
     return {
-        "id": kid,
-        "type": _field(slot, "type", str, where),
-        "key_size": _field(slot, "key_size", int, where) * 8,
-        "priority": slot.get("priority", 1) if isinstance(slot.get("priority", 1), int) else 1,
-        "kdf": summary,
+        "in_progress": True,
+        "mode": slot["mode"] if slot else None,
+        "direction": slot["direction"] if slot else None,
+        "resilience": slot["resilience"] if slot else None,
+        "keyslot": slot["id"] if slot else None,
+        "requirement": requirement,
+        "target": target,
     }
 
 
@@ -287,6 +351,10 @@ def _numbered(mapping, what):
             raise LuksError(f"{what} {key} is not a JSON object")
         items.append((int(key), value))
     return sorted(items, key=lambda item: item[0])
+
+
+def _list(value):
+    return value if isinstance(value, list) else []
 
 
 def _field(mapping, key, kind, where):

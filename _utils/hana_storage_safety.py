@@ -2,16 +2,26 @@
 Pure code: decides from a probe the execution module made (``hana_storage.probe``).
 
 A probe is ``{"device", "exists", "block", "signatures": [{"type", "usage"}], "pttype",
-"pv_vg", "luks": {"version", "uuid", "keyslots"} | None, "key_opens": bool | None, "holders": [dm names],
-"mountpoints": [...], "nonzero_head": bool, "xfs": {...} | None}``.
+"pv_vg", "luks": {"version", "uuid", "keyslots"} | None, "key_opens": bool | None,
+"key_error": str | None, "holders": [dm names], "mountpoints": [...], "data_at": int | None,
+"xfs": {...} | None}``. ``key_opens`` is False only when cryptsetup said "no key opens it" (its
+exit code 2); a key test that failed for any other reason (out of memory, busy, ...) leaves it
+None and says why in ``key_error``. ``data_at`` is the first byte offset where the sampled areas
+(start, LUKS2/LVM secondary areas, middle, end, and a spread of windows) hold a non-zero byte.
 
-Verdicts: ``use`` (blank, or already what the plan builds there), ``wipe`` (foreign, but the
-pillar allows formatting this device) and ``refuse`` (foreign data; nothing is touched).
+A verdict is ``{"device", "verdict", "code", "reason"}``: ``verdict`` is ``use`` (blank, or
+already what the plan builds there), ``create`` (an inner layer to format), ``wipe`` (foreign,
+but the pillar allows formatting this device) or ``refuse`` (nothing is touched). Decisions are
+made on ``code``; ``reason`` is for people.
 """
 
+# Codes a wipe can never follow, whatever allow_format says: the device is live, absent, or
+# what is on it is not known (a key test that failed is not "the key does not open it").
+NEVER_WIPE = frozenset({"missing", "not_block", "mounted", "held", "key_test_failed", "key_not_tested"})
 
-def _verdict(device, verdict, reason):
-    return {"device": device, "verdict": verdict, "reason": reason}
+
+def _verdict(device, verdict, code, reason):
+    return {"device": device, "verdict": verdict, "code": code, "reason": reason}
 
 
 def describe_signatures(probe):
@@ -26,57 +36,76 @@ def disk_verdict(volume, probe):
     device = probe["device"]
     foreign = _foreign_disk(volume, probe)
     if foreign is None:
-        return _verdict(device, "use", _ours_reason(volume, probe))
-    if probe.get("mountpoints") or foreign.startswith("in use"):
-        return _verdict(device, "refuse", foreign)  # never wipe what is live, allowed or not
-    if device in volume["may_format"]:
-        return _verdict(device, "wipe", f"{foreign}; allowed by allow_format")
-    return _verdict(device, "refuse", foreign)
+        return _verdict(device, "use", *_ours(volume, probe))
+    code, reason = foreign
+    if code not in NEVER_WIPE and device in volume["may_format"]:
+        return _verdict(device, "wipe", code, f"{reason}; allowed by allow_format")
+    return _verdict(device, "refuse", code, reason)
 
 
 def _foreign_disk(volume, probe):
-    """None when the disk is blank or what the plan builds on it; else why it is foreign."""
+    """None when the disk is blank or what the plan builds on it; else (code, why it is foreign)."""
     if not probe.get("exists"):
-        return "does not exist"
+        return "missing", "does not exist"
     if not probe.get("block"):
-        return "is not a block device"
+        return "not_block", "is not a block device"
     if probe.get("mountpoints"):
-        return f"in use: mounted at {', '.join(probe['mountpoints'])}"
+        return "mounted", f"in use: mounted at {', '.join(probe['mountpoints'])}"
     above = volume["encryption"] == "above_lvm"
     own_holders = {f"{volume['lv_dm_name']}"} if above else {c["name"] for c in volume["crypt"]}
     alien = [h for h in probe.get("holders", []) if h not in own_holders]
     if alien:
-        return f"in use by {', '.join(alien)}"
+        return "held", f"in use by {', '.join(alien)}"
     if probe.get("pttype"):
-        return f"carries a {probe['pttype']} partition table"
+        return "partition_table", f"carries a {probe['pttype']} partition table"
     types = [s["type"] for s in probe.get("signatures", [])]
     if not types:
-        return (
-            "holds data without a known signature (non-zero first MiB)" if probe.get("nonzero_head") else None
-        )
+        return _unknown_data(probe)
     if above and types == ["LVM2_member"]:
         if probe.get("pv_vg") in ("", volume["vg"]):  # orphan PV: an earlier, interrupted run
             return None
-        return f"is a PV of volume group {probe.get('pv_vg')!r}"
+        return "foreign_pv", f"is a PV of volume group {probe.get('pv_vg')!r}"
     if not above and types == ["crypto_LUKS"]:
-        if probe.get("key_opens") or probe.get("holders"):  # holders: only our own mapping, see above
+        if probe.get("holders"):  # only our own mapping, see above
             return None
-        if unfinished_luks(probe):
-            return None
-        return "is LUKS that the volume's key cannot open"
-    return f"carries a {describe_signatures(probe)} signature"
+        return _luks_key_verdict(probe)
+    return "foreign_signature", f"carries a {describe_signatures(probe)} signature"
 
 
-def _ours_reason(volume, probe):
-    if not probe.get("signatures") and not probe.get("pttype"):
-        return "blank"
-    if volume["encryption"] == "above_lvm":
-        return f"already a PV of {probe.get('pv_vg') or 'no volume group yet'}"
-    if probe.get("holders"):
-        return f"already LUKS, open as {', '.join(probe['holders'])}"
+def _unknown_data(probe):
+    """None for a device whose sampled areas are all zero; else the code and where data sits."""
+    if probe.get("data_at") is None:
+        return None
+    return (
+        "unknown_data",
+        f"holds data without a known signature (non-zero bytes at offset {probe['data_at']})",
+    )
+
+
+def _luks_key_verdict(probe):
+    """None when a closed LUKS device is the volume's (its key opens it, or nobody's key can)."""
+    if probe.get("key_opens"):
+        return None
     if unfinished_luks(probe):
-        return UNFINISHED_LUKS
-    return "already LUKS, opened by the volume's key"
+        return None
+    if probe.get("key_error"):
+        return "key_test_failed", f"is LUKS, and testing the volume's key on it failed: {probe['key_error']}"
+    if probe.get("key_opens") is None:
+        return "key_not_tested", "is LUKS; the volume's key has not been tried on it (no key file yet)"
+    return "foreign_luks", "is LUKS that the volume's key cannot open"
+
+
+def _ours(volume, probe):
+    """(code, reason) of a disk the guard lets the plan use."""
+    if not probe.get("signatures") and not probe.get("pttype"):
+        return "blank", "blank"
+    if volume["encryption"] == "above_lvm":
+        return "own_pv", f"already a PV of {probe.get('pv_vg') or 'no volume group yet'}"
+    if probe.get("holders"):
+        return "own_luks_open", f"already LUKS, open as {', '.join(probe['holders'])}"
+    if unfinished_luks(probe) and not probe.get("key_opens"):
+        return "unfinished_luks", UNFINISHED_LUKS
+    return "own_luks", "already LUKS, opened by the volume's key"
 
 
 UNFINISHED_LUKS = (
@@ -96,34 +125,68 @@ def refusal_summary(verdicts):
     return "; ".join(f"{v['device']} {v['reason']}" for v in refused)
 
 
-def layer_verdict(layer, probe, may_wipe, own_holders=()):
-    """An inner device the plan creates itself: 'luks' (the LV above LVM) or 'xfs' (the fs device).
+def layer_verdict(layer, probe, may_wipe, own_holders=(), own_vg=None, created_now=False):
+    """An inner device the plan creates itself.
 
-    ``own_holders``: the device-mapper names the plan puts on top of it (its crypt mapping).
-    Returns ``use`` (already done), ``create`` (blank: format it), ``wipe`` or ``refuse``.
+    ``layer``: ``luks`` (the LV above LVM), ``pv`` (an opened LUKS device below LVM, before
+    pvcreate) or ``xfs`` (the filesystem device). ``own_holders``: the device-mapper names the
+    plan puts on top of it; ``own_vg``: the volume's VG (``pv``); ``created_now``: this apply
+    created the device (``luks``: an LV that was not there before holds nothing of anyone's).
+
+    Returns ``use`` (already done), ``create`` (format it), ``wipe`` or ``refuse``.
     """
     device = probe["device"]
     types = [s["type"] for s in probe.get("signatures", [])]
     alien = [h for h in probe.get("holders", []) if h not in own_holders]
-    if layer == "luks" and (probe.get("mountpoints") or alien):
+    if layer in ("luks", "pv") and (probe.get("mountpoints") or alien):
         where = probe.get("mountpoints") or alien
-        return _verdict(device, "refuse", f"in use by {', '.join(where)}")
+        return _verdict(device, "refuse", "held", f"in use by {', '.join(where)}")
+    blank = not types and not probe.get("pttype")
+    if layer == "pv":
+        # Inside a LUKS device the key opens: what a former layout or a re-used key left there is
+        # someone's data. pvcreate would wipe it, so only blank or our own VG's PV goes on.
+        if blank:
+            return _verdict(device, "create", "blank", "blank")
+        if types == ["LVM2_member"] and probe.get("pv_vg") in ("", own_vg):
+            return _verdict(device, "use", "own_pv", f"already a PV of {probe.get('pv_vg') or 'no VG yet'}")
+        what = f"is a PV of volume group {probe.get('pv_vg')!r}" if types == ["LVM2_member"] else None
+        return _verdict(
+            device, "refuse", "foreign_signature", what or f"carries a {describe_signatures(probe)} signature"
+        )
     if layer == "luks" and types == ["crypto_LUKS"]:
         if probe.get("holders"):
-            return _verdict(device, "use", f"already LUKS, open as {', '.join(probe['holders'])}")
+            return _verdict(
+                device, "use", "own_luks_open", f"already LUKS, open as {', '.join(probe['holders'])}"
+            )
         if probe.get("key_opens"):
-            return _verdict(device, "use", "already LUKS, opened by the volume's key")
+            return _verdict(device, "use", "own_luks", "already LUKS, opened by the volume's key")
         if unfinished_luks(probe):
-            return _verdict(device, "create", UNFINISHED_LUKS)
-        foreign = "is LUKS that the volume's key cannot open"
+            return _verdict(device, "create", "unfinished_luks", UNFINISHED_LUKS)
+        code, foreign = _luks_key_verdict(probe)
+        if code in NEVER_WIPE:
+            return _verdict(device, "refuse", code, foreign)
+    elif layer == "luks" and blank:
+        # No signature is not "blank": plain dm-crypt, LUKS with a detached header or a damaged
+        # LUKS1 header show none. Only an LV this apply created, or one whose sampled areas
+        # read zero, is formatted without leave.
+        if created_now:
+            return _verdict(device, "create", "created_now", "blank (created by this apply)")
+        unknown = _unknown_data(probe)
+        if unknown is None:
+            return _verdict(device, "create", "blank", "blank")
+        code, foreign = unknown
     elif layer == "xfs" and types == ["xfs"]:
         if (probe.get("xfs") or {}).get("inprogress"):
-            return _verdict(device, "create", "an interrupted mkfs.xfs left an unfinished filesystem")
-        return _verdict(device, "use", "already XFS")
-    elif not types and not probe.get("pttype"):
-        return _verdict(device, "create", "blank")
+            return _verdict(
+                device, "create", "interrupted_mkfs", "an interrupted mkfs.xfs left an unfinished filesystem"
+            )
+        return _verdict(device, "use", "own_xfs", "already XFS")
+    elif blank:
+        return _verdict(device, "create", "blank", "blank")
     else:
-        foreign = f"carries a {describe_signatures(probe)} signature"
+        code, foreign = "foreign_signature", f"carries a {describe_signatures(probe)} signature"
     if may_wipe:
-        return _verdict(device, "wipe", f"{foreign}; every device of the volume is allowed to be formatted")
-    return _verdict(device, "refuse", foreign)
+        return _verdict(
+            device, "wipe", code, f"{foreign}; every device of the volume is allowed to be formatted"
+        )
+    return _verdict(device, "refuse", code, foreign)

@@ -85,32 +85,101 @@ def render_fstab(spec, file, vfstype, options, freq=0, passno=0):
     return f"{escape(spec)} {escape(file)} {vfstype} {','.join(options) or 'defaults'} {freq} {passno}"
 
 
-def parse_mountinfo(text):
-    """[{mount_id, parent_id, dev, root, mountpoint, options, fstype, source, super_options}]."""
+def parse_mountinfo(text, malformed=None):
+    """[{mount_id, parent_id, dev, root, mountpoint, options, fstype, source, super_options}].
+
+    ``text`` is /proc/<pid>/mountinfo as text, or better as the bytes read from it: the kernel
+    writes a path's bytes as they are (only space, tab, newline and backslash escaped), and one
+    mount point that is not UTF-8 must not make the whole table unreadable. Such bytes come out
+    as ``\\xff`` text: every UTF-8 path (a pillar's) compares exactly, and the result can be sent
+    to the master (a lone surrogate could not).
+
+    The format is proc(5)'s, read as such: one line per mount (ended by a newline only), fields
+    separated by exactly one space - mount ID, parent ID, major:minor, root, mount point, mount
+    options, zero or more optional fields (``shared:1`` ...), a ``-``, then filesystem type,
+    source and super options. The source may be empty (``mount -t tmpfs "" /dir``: two spaces in
+    a row) or ``-`` itself; whitespace is never collapsed.
+
+    A line that breaks the format raises TabError naming it. With ``malformed`` (a list), it is
+    appended there instead, as {"line": number, "error": message, "mountpoint": the line's mount
+    point, or None when even that cannot be read (it may be any mount)}, and the other lines are
+    returned: the caller decides whether what it looks for is known. A state must not guess.
+    """
+    if isinstance(text, (bytes, bytearray)):
+        text = bytes(text).decode("utf-8", "backslashreplace")
+    if not isinstance(text, str):
+        raise TabError(f"mountinfo must be text, got {type(text).__name__}")
     mounts = []
-    for number, fields in _fields(text, "mountinfo"):
+    for number, line in enumerate(text.split("\n"), 1):
+        if not line:
+            continue  # the end of the file (the kernel writes no empty line)
+        fields = line.split(" ")
         try:
-            separator = fields.index("-", 6)
-        except ValueError:
-            raise TabError(f"mountinfo line {number}: no '-' separator after the optional fields") from None
-        if len(fields) < 10 or len(fields) - separator != 4:
-            raise TabError(f"mountinfo line {number}: expected 10 or more fields, got {len(fields)}")
-        if not (fields[0].isdigit() and fields[1].isdigit() and re.fullmatch(r"\d+:\d+", fields[2])):
-            raise TabError(f"mountinfo line {number}: ids and major:minor malformed")
-        mounts.append(
-            {
-                "mount_id": int(fields[0]),
-                "parent_id": int(fields[1]),
-                "dev": fields[2],
-                "root": unescape(fields[3]),
-                "mountpoint": unescape(fields[4]),
-                "options": fields[5].split(","),
-                "fstype": fields[separator + 1],
-                "source": unescape(fields[separator + 2]),
-                "super_options": fields[separator + 3].split(","),
-            }
-        )
+            mounts.append(_mountinfo_line(number, fields))
+        except TabError as error:
+            if malformed is None:
+                raise
+            malformed.append({"line": number, "error": str(error), "mountpoint": _mountpoint_of(fields)})
     return mounts
+
+
+_MOUNT_HEAD = re.compile(r"\d+ \d+ \d+:\d+", re.ASCII)
+
+
+def _mountinfo_line(number, fields):
+    where = f"mountinfo line {number} ({' '.join(fields)[:120]!r})"
+    try:
+        separator = fields.index("-", 6)
+    except ValueError:
+        raise TabError(f"{where}: no '-' separator after the optional fields") from None
+    if len(fields) < 10:
+        raise TabError(f"{where}: expected 10 or more fields, got {len(fields)}")
+    if not _MOUNT_HEAD.fullmatch(" ".join(fields[:3])):
+        raise TabError(f"{where}: ids and major:minor malformed")
+    if len(fields) - separator != 4:
+        raise TabError(
+            f"{where}: expected 3 fields after the '-' separator (type, source, super options), "
+            f"got {len(fields) - separator - 1}"
+        )
+    empty = [i + 1 for i, f in enumerate(fields) if not f and i != separator + 2]
+    if empty:
+        raise TabError(f"{where}: field {empty[0]} is empty (only the source may be)")
+    return {
+        "mount_id": int(fields[0]),
+        "parent_id": int(fields[1]),
+        "dev": fields[2],
+        "root": unescape(fields[3]),
+        "mountpoint": unescape(fields[4]),
+        "options": fields[5].split(","),
+        "fstype": unescape(fields[separator + 1]),
+        "source": unescape(fields[separator + 2]),
+        "super_options": fields[separator + 3].split(","),
+    }
+
+
+def _mountpoint_of(fields):
+    """The mount point of a malformed line, when its first five fields read as they should (ids,
+    major:minor, an absolute path): the kernel escapes every space in a path, so they stand."""
+    if len(fields) >= 5 and _MOUNT_HEAD.fullmatch(" ".join(fields[:3])) and fields[4].startswith("/"):
+        return unescape(fields[4])
+    return None
+
+
+def mountinfo_doubt(malformed, path, holding=False):
+    """The first line ``parse_mountinfo`` set aside that may matter for ``path``, or None.
+
+    It may be the mount at ``path`` (its mount point is ``path``, or unreadable); with ``holding``,
+    also a mount that holds ``path`` (a mount point above it). A caller that must know what is
+    mounted there (a state about to mount, or to write a key to tmpfs) refuses on it, naming the
+    line; any other malformed line does not concern it.
+    """
+    for entry in malformed:
+        point = entry.get("mountpoint")
+        if point is None or point == path:
+            return entry
+        if holding and path.startswith(point.rstrip("/") + "/"):
+            return entry
+    return None
 
 
 def parse_blkid_export(text):

@@ -36,6 +36,8 @@ import hana_storage_xfs as xfs  # noqa: E402
 from tests.unit.conftest import CHEAP_KDF  # noqa: E402 - the unit tier's cheap KDF settings
 
 DATA = REPO / "tests" / "unit" / "data" / "lab-mix"
+# what Linux 6.18 wrote: an empty source, "\040" escapes, a source "-", a path that is not UTF-8
+KERNEL_MOUNTINFO = REPO / "tests" / "unit" / "data" / "mountinfo" / "kernel-6.18-unshare.bin"
 CRASHES = REPO / "build" / "fuzz"
 INTERESTING = [0, 1, 0x7F, 0x80, 0xFF, 0xFFFF, 0xFFFFFFFF, 2**63 - 1, 2**64 - 1, 4096, 16384]
 JSON_VALUES = [None, True, -1, 0, 2**70, 1.5, "", "x" * 300, [], {}, "aes-xts-plain64", "4096", "-1"]
@@ -80,7 +82,11 @@ def seeds():
     return {
         "luks": headers,
         "dm": [text["dmsetup-table.txt"]],
-        "mountinfo": [text["mountinfo.txt"]],
+        "mountinfo": [
+            text["mountinfo.txt"],
+            KERNEL_MOUNTINFO.read_bytes().decode("utf-8", "backslashreplace"),
+        ],
+        "mountinfo-bytes": [(DATA / "mountinfo.txt").read_bytes(), KERNEL_MOUNTINFO.read_bytes()],
         "crypttab": [
             "hana_data UUID=1b4e28ba-2fa1-11d2-883f-0016d3cca427 /run/hana-storage/keys/hana.key "
             "luks,discard,no-read-workqueue,no-write-workqueue\n# comment\nswap /dev/sdb2 /dev/urandom swap\n"
@@ -204,6 +210,22 @@ def mutate_lvm_json(rng, text):
     return json.dumps(data) if rng.random() < 0.9 else json.dumps(data)[: rng.randrange(64)]
 
 
+def mountinfo_lenient(text):
+    """parse_mountinfo with a ``malformed`` list: every line is a mount or set aside, never both,
+    never lost; TabError (counted as rejected) when any line was set aside."""
+    malformed = []
+    mounts = tab.parse_mountinfo(text, malformed=malformed)
+    lines = [n for n, line in enumerate(text.split("\n"), 1) if line]
+    if len(mounts) + len(malformed) != len(lines) or not {m["line"] for m in malformed} <= set(lines):
+        raise AssertionError(f"{len(lines)} lines, {len(mounts)} mounts, {len(malformed)} set aside")
+    for entry in malformed:
+        if not entry["error"].startswith(f"mountinfo line {entry['line']} "):
+            raise AssertionError(f"the error does not name its line: {entry}")
+    if malformed:
+        raise tab.TabError(malformed[0]["error"])
+    return mounts
+
+
 # ---- targets ---------------------------------------------------------------------------------
 
 TARGETS = {
@@ -212,6 +234,8 @@ TARGETS = {
     "luks2-json": ("luks", mutate_luks2_json, lambda d: luks.parse_header(luks_read(d)), luks.LuksError),
     "dmsetup-table": ("dm", mutate_text, dm.parse_tables, dm.DmTableError),
     "mountinfo": ("mountinfo", mutate_text, tab.parse_mountinfo, tab.TabError),
+    "mountinfo-bytes": ("mountinfo-bytes", mutate_bytes, tab.parse_mountinfo, tab.TabError),
+    "mountinfo-lax": ("mountinfo", mutate_text, mountinfo_lenient, tab.TabError),
     "crypttab": ("crypttab", mutate_text, tab.parse_crypttab, tab.TabError),
     "fstab": ("fstab", mutate_text, tab.parse_fstab, tab.TabError),
     "blkid-export": ("blkid", mutate_text, tab.parse_blkid_export, tab.TabError),

@@ -12,11 +12,12 @@ import time
 
 import hana_storage_rules as rules
 import pytest
-import salt.crypt
 import salt.utils.event
 
 from tests import beacon_events
 from tests.conftest import REPO, shipped_reactor
+from tests.integration.master_bus import wait_for_reactor
+from tests.support.keys import write_keypair
 
 pytestmark = pytest.mark.integration
 
@@ -25,7 +26,7 @@ COOLDOWN = 8
 
 
 @pytest.fixture(scope="module")
-def reactor_master(salt_factories, tmp_path_factory):
+def reactor_master(salt_factories, tmp_path_factory, event_listener):
     overrides = {
         "file_roots": {"base": [str(REPO / "salt"), str(REPO)]},
         "runner_dirs": [str(REPO / "_runners")],
@@ -34,13 +35,13 @@ def reactor_master(salt_factories, tmp_path_factory):
         "hana_storage": {"cooldown": COOLDOWN},
     }
     factory = salt_factories.salt_master_daemon("hana-reactor-master", overrides=overrides)
-    private, public = salt.crypt.gen_keys(2048)
     keys = tmp_path_factory.mktemp("sim")
-    (keys / "minion.pem").write_text(private)
+    pem, pub = write_keypair(keys, "minion")
     with factory.started(start_timeout=120):
         with open(f"{factory.config['pki_dir']}/minions/{MINION}", "w", encoding="utf-8") as accepted:
-            accepted.write(public)
-        factory.sim_key = salt.crypt.PrivateKey.from_file(str(keys / "minion.pem"))
+            accepted.write(pub.read_text())
+        factory.sim_key = str(pem)  # signed as the beacon signs, on every Salt line
+        wait_for_reactor(factory, event_listener)
         yield factory
 
 
@@ -78,7 +79,11 @@ def alerts(event_listener, master, after):
 
 def triage_returns(event_listener, master, after):
     found = event_listener.get_events([(master.id, "salt/run/*/ret")], after_time=after)
-    return [e.data["return"] for e in found if e.data.get("fun") == "runner.hana_storage.triage"]
+    return [
+        e.data["return"]
+        for e in found
+        if e.data.get("fun") == "runner.hana_storage.triage" and e.data["return"].get("minion") == MINION
+    ]
 
 
 def wait_until(check, timeout=90):

@@ -4,6 +4,7 @@ The real thing (daemons, kernel events, reactor) runs in tests/vm/test_events.py
 event bookkeeping, signatures and forgeries, cooldowns and the metrics arithmetic.
 """
 
+import base64
 import importlib.util
 import json
 import time
@@ -18,6 +19,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from tests import beacon_events
 from tests.conftest import REPO
+from tests.support.keys import keypair
 
 
 def load(path, name):
@@ -279,20 +281,28 @@ def test_beacon_retries_a_failed_full_audit_soon(beacon):
 # ---- signatures and triage -------------------------------------------------------------------------------
 
 
+@pytest.fixture(scope="session")
+def keys():
+    """Three RSA key pairs (the master's, db1's, db2's), made once: 2048-bit keys take a while."""
+    return {name: keypair() for name in ("master", "db1", "db2")}
+
+
 @pytest.fixture
-def pki(tmp_path):
-    """A master's pki dir with two accepted minions, db1 and db2 (their private keys beside)."""
+def pki(tmp_path, keys):
+    """A master's pki dir (master.pem, master.pub) with two accepted minions, db1 and db2 (their
+    private keys beside)."""
     (tmp_path / "minions").mkdir()
+    (tmp_path / "master.pem").write_text(keys["master"][0])
+    (tmp_path / "master.pub").write_text(keys["master"][1])
     for minion in ("db1", "db2"):
-        private, public = salt.crypt.gen_keys(2048)
+        private, public = keys[minion]
         (tmp_path / f"{minion}.pem").write_text(private)
         (tmp_path / "minions" / minion).write_text(public)
     return tmp_path
 
 
 def signed(pki, minion, data, age=0, event="violation"):
-    key = salt.crypt.PrivateKey.from_file(str(pki / f"{minion}.pem"))
-    return beacon_events.sign(key, minion, event, {"ts": time.time() - age, **data})
+    return beacon_events.sign(pki / f"{minion}.pem", minion, event, {"ts": time.time() - age, **data})
 
 
 def violation(pki, minion, found, ts):
@@ -318,31 +328,47 @@ def runner(pki, tmp_path):
     module.fired, module.orchestrations = [], []
     module._fire = lambda tag, data: module.fired.append((tag, data)) or True
 
+    def fixed_all(rules):
+        """What the minion's remediate() returns when it fixed every rule asked for: verified."""
+        return {
+            "result": True,
+            "fixed": [{"rule": rule, "volume": "data", "device": "/dev/mapper/hana_data"} for rule in rules],
+            "failed": [],
+            "skipped": [],
+            "remaining": [],
+        }
+
+    module.minion_ret = fixed_all  # a test replaces it: rules -> the minion's return
+
     def orchestrate(mods, pillar):
         module.orchestrations.append(pillar["hana_storage_remediation"])
-        minion = pillar["hana_storage_remediation"]["minion"]
-        return {
-            "data": {
-                "master": {
-                    "salt_|-x_|-x_|-function": {
-                        "result": True,
-                        "changes": {
-                            "ret": {
-                                minion: {
-                                    "result": True,
-                                    "fixed": [{"rule": "HANA-PERF-002"}],
-                                    "failed": [],
-                                    "skipped": [],
-                                }
-                            }
-                        },
-                    }
-                }
-            }
-        }
+        minion, rules = (
+            pillar["hana_storage_remediation"]["minion"],
+            pillar["hana_storage_remediation"]["rules"],
+        )
+        return orchestration(minion, module.minion_ret(rules))
 
     module.__salt__ = {"state.orchestrate": orchestrate}
     return module
+
+
+def orchestration(minion, ret, result=None):
+    """What state.orchestrate returns for hana.storage.orch.remediate: the salt.function state
+    with the minion's return (failed when the minion's retcode was not 0, as salt.function does)."""
+    ok = isinstance(ret, dict) and ret.get("result") is True
+    return {
+        "data": {
+            "master": {
+                "salt_|-hana-storage-remediate_|-hana_storage.remediate_|-function": {
+                    "result": ok if result is None else result,
+                    "comment": "Function ran successfully."
+                    if ok
+                    else f"Running function failed on minions: {minion}",
+                    "changes": {"ret": {minion: ret}},
+                }
+            }
+        }
+    }
 
 
 def test_genuine_violation_is_remediated_on_its_sender_only(runner, pki):
@@ -511,6 +537,225 @@ def test_an_alert_the_bus_refused_is_retried_then_released(runner, pki, monkeypa
     assert fresh.triage(tag, other)["action"] == "alerted"
 
 
+# ---- only a verified fix counts (issue 13, defect 10) ----------------------------------------------------
+
+KEY_FILE = "/etc/hana-storage/keys/hana.key"
+
+
+def key_finding():
+    return finding("HANA-KEY-001", "data", KEY_FILE)
+
+
+def minion_entry(code=None):
+    entry = {"rule": "HANA-KEY-001", "volume": "data", "device": KEY_FILE}
+    return {**entry, "code": code, "reason": f"in words: {code}"} if code else entry
+
+
+def remediate_ret(fixed=(), failed=(), skipped=(), remaining=()):
+    return {
+        "result": not failed and not skipped and not remaining,
+        "fixed": list(fixed),
+        "failed": list(failed),
+        "skipped": list(skipped),
+        "remaining": list(remaining),
+    }
+
+
+def claimed_success(ret):
+    """What remediate() returned before issue 13: result True whenever no fix had failed."""
+    return {**ret, "result": True}
+
+
+def raises(mods, pillar):
+    raise TimeoutError("the master's job cache timed out")
+
+
+NOT_FIXED = {
+    "remediation disabled in the minion's pillar": (
+        lambda rules: claimed_success(
+            remediate_ret(skipped=[minion_entry("not_allowed")], remaining=[key_finding()])
+        ),
+        ("not-fixed", "not_allowed"),
+    ),
+    "the rule not in the minion's list, an older minion (no code)": (
+        lambda rules: claimed_success(
+            remediate_ret(skipped=[{**minion_entry(), "reason": "not allowed"}], remaining=[key_finding()])
+        ),
+        ("not-fixed", "skipped"),
+    ),
+    "fixed, but its re-audit still finds it": (
+        lambda rules: remediate_ret(fixed=[minion_entry()], remaining=[key_finding()]),
+        ("not-fixed", "still_open"),
+    ),
+    "the fix failed": (
+        lambda rules: remediate_ret(failed=[minion_entry()], remaining=[key_finding()]),
+        ("failed", "fix_failed"),
+    ),
+    "the minion did not answer": (lambda rules: None, ("failed", "no_return")),
+    "not a remediate() return": (
+        lambda rules: "'hana_storage.remediate' is not available.",
+        ("failed", "no_return"),
+    ),
+    "an error dict, not the four lists": (lambda rules: {"result": True}, ("failed", "no_return")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NOT_FIXED))
+def test_only_a_verified_fix_counts_anything_else_alerts_and_is_released(runner, pki, case):
+    """Regression (issue 13, defect 10): triage claimed the occurrence, then reported `fixed`
+    whenever remediate() said result True - also when it had skipped everything - and a high
+    finding got no alert, and `duplicate` forever after."""
+    minion_ret, (result, reason) = NOT_FIXED[case]
+    runner.minion_ret = minion_ret
+    tag, since = "salt/beacon/db1/hana_storage/violation", time.time() - 5
+    event = violation(pki, "db1", key_finding(), since)
+    outcome = runner.triage(tag, event)
+    assert outcome["action"] == "remediation-failed", outcome
+    assert (outcome["result"], outcome["reason"]) == (result, reason)
+    assert outcome["alerted"] is True
+    fired = dict(runner.fired)
+    assert (fired["hana/storage/remediation"]["result"], fired["hana/storage/remediation"]["reason"]) == (
+        result,
+        reason,
+    )
+    alert = fired["hana/storage/alert"]
+    assert (alert["minion"], alert["rule"], alert["severity"], alert["device"]) == (
+        "db1",
+        "HANA-KEY-001",
+        "high",
+        KEY_FILE,
+    )
+    assert (alert["result"], alert["reason"], alert["remediation"]) == (result, reason, "auto")
+    # released: the same occurrence is not a duplicate; the alert keeps the rule's cooldown
+    assert runner.triage(tag, event)["action"] == "cooldown"
+    record = Path(runner.__opts__["cachedir"]) / "hana_storage" / "actions" / "db1@HANA-KEY-001"
+    stored = json.loads(record.read_text())
+    record.write_text(json.dumps({**stored, "at": stored["at"] - 301}))  # the cooldown has passed
+    again = runner.triage("salt/beacon/db1/hana_storage/audit", audit(pki, "db1", [(key_finding(), since)]))
+    assert [r["action"] for r in again["findings"]] == ["remediation-failed"]
+    assert len(runner.orchestrations) == 2
+    assert [t for t, _ in runner.fired].count("hana/storage/alert") == 2
+
+
+def test_a_failed_orchestration_alerts_and_is_released(runner, pki):
+    for orchestrate, detail in (
+        (raises, "timed out"),
+        (
+            lambda mods, pillar: {"data": {"master": ["Rendering SLS 'base:hana.storage.orch' failed"]}},
+            "Rendering",
+        ),
+        (lambda mods, pillar: {"data": {}}, "no state"),
+    ):
+        runner.__salt__["state.orchestrate"] = orchestrate
+        runner.fired.clear()
+        data = violation(pki, "db1", key_finding(), time.time())
+        outcome = runner.triage("salt/beacon/db1/hana_storage/violation", data)
+        assert (outcome["action"], outcome["result"], outcome["reason"]) == (
+            "remediation-failed",
+            "failed",
+            "orchestration_failed",
+        )
+        assert detail in outcome["detail"]
+        assert [t for t, _ in runner.fired] == ["hana/storage/remediation", "hana/storage/alert"]
+        record = Path(runner.__opts__["cachedir"]) / "hana_storage" / "actions" / "db1@HANA-KEY-001"
+        record.write_text("{}")  # past the cooldown for the next case
+
+
+def test_a_verified_fix_and_nothing_to_fix_are_done_without_an_alert(runner, pki):
+    tag = "salt/beacon/db1/hana_storage/audit"
+    flags, header = finding("HANA-PERF-002"), finding("HANA-PERF-003")
+    # the fix of the flags (cryptsetup refresh --persistent) fixed the header flags too: when
+    # PERF-003's remediation runs, the minion's audit finds nothing of it to fix
+    runner.minion_ret = lambda rules: remediate_ret(
+        fixed=[{"rule": "HANA-PERF-002", "volume": "data", "device": "/dev/mapper/hana_data"}]
+    )
+    result = runner.triage(tag, audit(pki, "db1", [(flags, 5.0), (header, 6.0)]))
+    assert sorted((r["rule"], r["action"], r["result"], r["reason"]) for r in result["findings"]) == [
+        ("HANA-PERF-002", "remediated", "fixed", "verified"),
+        ("HANA-PERF-003", "remediated", "absent", "not_found"),
+    ]
+    assert [t for t, _ in runner.fired] == ["hana/storage/remediation"] * 2
+    assert {d["rule"]: d["result"] for _, d in runner.fired} == {
+        "HANA-PERF-002": "fixed",
+        "HANA-PERF-003": "absent",
+    }
+    assert {
+        r["action"] for r in runner.triage(tag, audit(pki, "db1", [(flags, 5.0), (header, 6.0)]))["findings"]
+    } == {"duplicate"}
+
+
+@pytest.fixture
+def module(monkeypatch):
+    """The execution module's remediate() on a made-up audit: one HANA-KEY-001 finding, fixed by
+    its state unless the test says otherwise."""
+    module = load("_modules/hana_storage.py", "module_under_test")
+    module.__context__ = {}
+    module.policy = {"enabled": True, "rules": ["HANA-KEY-001", "HANA-PERSIST-002", "HANA-PERF-002"]}
+    module.findings = [key_finding()]
+    module.after_fix = []
+    module.fixes, module.fixed_since_audit = [], False
+
+    def audit_of(plan, facts):
+        """The findings, or after a fix the findings it left (``after_fix``)."""
+        found = module.after_fix if module.fixed_since_audit else module.findings
+        module.fixed_since_audit = False
+        volumes = {"data": {"mounted": False}}
+        return {"findings": found, "volumes": volumes, "compliant": not found}
+
+    utils = {"rules.rule_table": rules.rule_table, "rules.audit": audit_of}
+    monkeypatch.setattr(module, "_util", lambda name: utils[name])
+    monkeypatch.setattr(module, "_plan", lambda pillar=None: {"compliance": {"remediation": module.policy}})
+    monkeypatch.setattr(module, "_facts", lambda plan: {})
+    monkeypatch.setattr(
+        module, "_fix_state", lambda plan, f: ("hana_storage.key_present", {"name": f["device"]})
+    )
+
+    def single(fun, queue, **kwargs):
+        module.fixes.append((fun, kwargs["name"]))
+        module.fixed_since_audit = True
+        return {"x": {"result": True, "changes": {"mode": "0400"}, "comment": "fixed"}}
+
+    module.__salt__ = {"state.single": single}
+    return module
+
+
+def test_remediate_is_true_only_when_nothing_asked_for_is_left(module):
+    """Regression (issue 13, defect 10): remediate() said result True when it had skipped every
+    finding (remediation disabled in the pillar, or the rule not in its list)."""
+    module.policy = {"enabled": False, "rules": ["HANA-KEY-001"]}
+    ret = module.remediate(rules=["HANA-KEY-001"])
+    assert ret["result"] is False and module.__context__["retcode"] == 1
+    assert [(e["rule"], e["code"]) for e in ret["skipped"]] == [("HANA-KEY-001", "not_allowed")]
+    assert [f["rule"] for f in ret["remaining"]] == ["HANA-KEY-001"] and module.fixes == []
+
+
+def test_remediate_names_a_code_for_each_skip_and_counts_what_remains(module, monkeypatch):
+    module.policy = {"enabled": True, "rules": ["HANA-PERF-002"]}
+    ret = module.remediate(rules="HANA-KEY-001")  # allowed rules: KEY-001 not among them
+    assert [e["code"] for e in ret["skipped"]] == ["not_allowed"] and ret["result"] is False
+    module.findings = [finding("HANA-ENC-001")]
+    assert [e["code"] for e in module.remediate(rules="HANA-ENC-001")["skipped"]] == ["manual_rule"]
+    ret = module.remediate()  # by default every auto rule: a manual finding is not asked for
+    assert ret["skipped"] == [] and ret["remaining"] == [] and ret["result"] is True
+    module.findings, module.policy["rules"] = [finding("HANA-PERSIST-002")], ["HANA-PERSIST-002"]
+    assert [e["code"] for e in module.remediate()["skipped"]] == ["not_mounted"]
+    module.findings, module.policy["rules"] = [finding("HANA-PERF-002")], ["HANA-PERF-002"]
+    monkeypatch.setattr(module, "_fix_state", lambda plan, f: (None, None))
+    ret = module.remediate(rules=["HANA-PERF-002"])
+    assert [e["code"] for e in ret["skipped"]] == ["no_fix"] and ret["result"] is False
+
+
+def test_remediate_counts_a_fix_once_its_re_audit_finds_it_no_more(module):
+    module.after_fix = [key_finding()]  # the state said it fixed it; the audit after it disagrees
+    ret = module.remediate(rules=["HANA-KEY-001"])
+    assert [e["rule"] for e in ret["fixed"]] == ["HANA-KEY-001"] and ret["remaining"] == [key_finding()]
+    assert ret["result"] is False
+    module.__context__.clear()
+    module.after_fix = []
+    ret = module.remediate(rules=["HANA-KEY-001"])
+    assert ret["result"] is True and ret["remaining"] == [] and "retcode" not in module.__context__
+
+
 # ---- the exporter ----------------------------------------------------------------------------------------
 
 
@@ -569,3 +814,107 @@ def test_exporter_ignores_rejected_senders(exporter):
     text = generate_latest(registry).decode()
     assert 'hana_storage_rejected_events_total{reason="bad_signature"} 1.0' in text
     assert "hana_storage_violations_total{" not in text
+
+
+# ---- the master's own events (issue 13, defect 12) --------------------------------------------------------
+
+
+@pytest.fixture
+def firing(runner, monkeypatch):
+    """A runner whose _fire is the real one (signing included), its bus a list."""
+    fresh = load("_runners/hana_storage.py", "runner_signing")
+    for name in ("__opts__", "__utils__", "__salt__"):
+        setattr(fresh, name, getattr(runner, name))
+    fresh.sent = []
+    monkeypatch.setattr(fresh, "_send", lambda tag, data: fresh.sent.append((tag, data)) or True)
+    return fresh
+
+
+def test_the_master_signs_what_it_fires_and_only_that_is_counted(firing, pki, exporter):
+    """Regression (issue 13, defect 12): the exporter counted any hana/storage/remediation and
+    hana/storage/alert, and a minion can fire those tags (event.send with a preload)."""
+    module, metrics, registry = exporter
+    alert = {"minion": "db1", "rule": "HANA-ENC-001", "severity": "critical", "remediation": "manual"}
+    assert firing._fire("hana/storage/alert", alert)
+    ((tag, genuine),) = firing.sent
+    assert genuine.get("sig"), genuine  # the master signs what it fires
+    assert abs(genuine["ts"] - time.time()) < 60
+    assert salt.crypt.verify_signature(
+        str(pki / "master.pub"),
+        events.master_signed_bytes(tag, genuine),
+        base64.b64decode(genuine["sig"]),
+        algorithm=salt.crypt.PKCS1v15_SHA224,
+    )
+    assert firing.verify_master(tag, {**genuine, "_stamp": "2026-11-23T16:12:00"}) is None  # Salt's stamp
+    remediation = {"minion": "db2", "rule": "HANA-PERF-002", "result": "failed", "ts": time.time()}
+    as_master = beacon_events.sign_as_master(pki / "master.pem", "hana/storage/remediation", remediation)
+    forged = {
+        "unsigned, as event.send sends it": (
+            "hana/storage/alert",
+            {**alert, "id": "db2", "cmd": "_minion_event"},
+        ),
+        "a made-up signature": ("hana/storage/remediation", {**remediation, "sig": "AAAA"}),
+        "not base64": ("hana/storage/remediation", {**remediation, "sig": "@@"}),
+        "signed by a minion's key": (
+            "hana/storage/remediation",
+            beacon_events.sign_as_master(pki / "db2.pem", "hana/storage/remediation", remediation),
+        ),
+        "a genuine alert, its rule changed": ("hana/storage/alert", {**genuine, "rule": "HANA-ENC-003"}),
+        "a genuine alert's signature under another tag": (
+            "hana/storage/remediation",
+            genuine,
+        ),
+        "a genuine remediation's fields under the alert tag": ("hana/storage/alert", as_master),
+        "a genuine event replayed an hour later": (
+            "hana/storage/remediation",
+            beacon_events.sign_as_master(
+                pki / "master.pem", "hana/storage/remediation", {**remediation, "ts": time.time() - 3600}
+            ),
+        ),
+        "a genuine event with its ts removed": ("hana/storage/remediation", {**as_master, "ts": None}),
+    }
+    for name, (forged_tag, data) in forged.items():
+        problem = firing.verify_master(forged_tag, data)
+        assert problem and problem["code"] == "forged_master_event", name
+        module.handle(metrics, forged_tag, data, verify_master=firing.verify_master)
+    module.handle(metrics, tag, genuine, verify_master=firing.verify_master)
+    module.handle(metrics, "hana/storage/remediation", as_master, verify_master=firing.verify_master)
+    text = generate_latest(registry).decode()
+    assert f'hana_storage_rejected_events_total{{reason="forged_master_event"}} {len(forged)}.0' in text
+    assert 'hana_storage_alerts_total{minion="db1",rule="HANA-ENC-001"} 1.0' in text
+    assert 'hana_storage_remediations_total{minion="db2",result="failed",rule="HANA-PERF-002"} 1.0' in text
+    assert 'hana_storage_events_total{event="alert"} 1.0' in text
+    assert 'hana_storage_events_total{event="remediation"} 1.0' in text
+    assert 'rule="HANA-ENC-003"' not in text
+
+
+def test_every_event_triage_fires_is_signed(firing, pki):
+    """Alerts, remediations and rejections alike: each verifies as the master's."""
+    firing.__salt__ = {"state.orchestrate": lambda mods, pillar: {"data": {}}}
+    tag = "salt/beacon/db1/hana_storage/violation"
+    firing.triage(tag, violation(pki, "db1", finding("HANA-ENC-001"), time.time()))
+    firing.triage(tag, violation(pki, "db1", key_finding(), time.time()))
+    firing.triage(tag, {**violation(pki, "db1", finding(), time.time()), "sig": "AAAA"})
+    assert sorted(t for t, _ in firing.sent) == [
+        "hana/storage/alert",
+        "hana/storage/alert",
+        "hana/storage/rejected",
+        "hana/storage/remediation",
+    ]
+    assert all(firing.verify_master(t, d) is None for t, d in firing.sent)
+
+
+def test_an_event_that_cannot_be_signed_is_not_fired(firing, pki):
+    (pki / "master.pem").unlink()
+    assert firing._fire("hana/storage/alert", {"minion": "db1", "rule": "HANA-ENC-001"}) is False
+    assert firing.sent == []
+
+
+def test_a_violation_is_the_occurrence_its_since_names():
+    """Two beacon instances (one per master connection) report one occurrence with one since."""
+    runner = load("_runners/hana_storage.py", "runner_since")
+    runner.__utils__ = UTILS
+    data = beacon_events.violation_data(finding(), 200.0)
+    assert runner._violation_finding({**data, "since": 100.0})["since"] == 100.0
+    assert runner._violation_finding(data)["since"] == 200.0  # an older beacon: its ts
+    assert runner._violation_finding({**data, "since": True})["since"] == 200.0

@@ -1,7 +1,9 @@
 """The HANA I/O check's pure half: HCMT-like job lines, fio JSON parsing, KPI verdicts."""
 
 import json
+import os
 import shutil
+import stat
 import subprocess
 
 import hana_storage_fio as fio
@@ -106,10 +108,30 @@ def test_io_check_reaches_the_fio_util_through_salts_loader(tmp_path, monkeypatc
     monkeypatch.setattr(
         module, "_plan", lambda pillar=None: {"volumes": {"log": {"mountpoint": str(tmp_path)}}}
     )
-    monkeypatch.setattr(module, "_mounted_at", lambda mountpoint: True)
-    argvs = []
-    monkeypatch.setattr(module, "_run", lambda argv: (argvs.append(argv), (SAMPLE, ""))[1])
+    st_dev = os.stat(tmp_path).st_dev
+    monkeypatch.setattr(module, "_mounted_at", lambda mountpoint: f"{os.major(st_dev)}:{os.minor(st_dev)}")
+    # whoever can write the mount root plants symlinks under the names an old version used
+    victim = tmp_path.parent / "victim"
+    victim.write_text("keep")
+    (tmp_path / ".hana_storage_io_check").symlink_to(victim)
+    argvs, seen = [], []
+
+    def run(argv):
+        argvs.append(argv)
+        target = next(a for a in argv if a.startswith("--filename=")).split("=", 1)[1]
+        info = os.stat(target)  # the file fio is told to use: made here, root-only, in the mount
+        real = os.path.realpath(target)
+        seen.append(
+            (stat.S_IMODE(info.st_mode), info.st_dev == st_dev, os.path.dirname(os.path.dirname(real)))
+        )
+        return SAMPLE, ""
+
+    monkeypatch.setattr(module, "_run", run)
     report = module.io_check(volumes=["log"], size="1M", runtime=1)
     assert [job["bs"] for job in report["volumes"]["log"]["jobs"]] == ["4k", "16k", "1m"]
     assert len(argvs) == 3 and all(argv[0] == "fio" for argv in argvs)
     assert "hypervisor" in report["note"]
+    assert all(arg.startswith("--filename=/proc/") for argv in argvs for arg in argv if "--filename" in arg)
+    assert seen == [(0o600, True, str(tmp_path))] * 3
+    assert victim.read_text() == "keep"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".hana_storage_io_check"]  # ours are gone

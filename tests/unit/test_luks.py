@@ -2,13 +2,14 @@
 
 import json
 import struct
+import subprocess
 
 import hana_storage_luks as luks
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.unit.conftest import DATA, cryptsetup, dump_json, rechecksum, rewrite_luks2_json
+from tests.unit.conftest import CHEAP_KDF, DATA, cryptsetup, dump_json, rechecksum, rewrite_luks2_json
 
 
 def parse(data):
@@ -29,12 +30,17 @@ def check_against_cryptsetup(summary, reference):
     assert [s["id"] for s in summary["keyslots"]] == sorted(int(k) for k in reference["keyslots"])
     for slot in summary["keyslots"]:
         ref = reference["keyslots"][str(slot["id"])]
-        assert slot["key_size"] == ref["key_size"] * 8
+        assert slot["type"] == ref["type"] and slot["key_size"] == ref["key_size"] * 8
+        if "kdf" not in ref:  # a reencrypt keyslot: no KDF, no key
+            assert slot["kdf"] is None
+            assert (slot["mode"], slot["direction"]) == (ref["mode"], ref["direction"])
+            continue
         assert slot["kdf"]["type"] == ref["kdf"]["type"]
         for key in ("iterations", "hash", "time", "memory", "cpus"):
             if key in ref["kdf"]:
                 assert slot["kdf"][key] == ref["kdf"][key], key
-    assert summary["key_size"] == max(ref["key_size"] for ref in reference["keyslots"].values()) * 8
+    assert summary["key_size"] == max(r["key_size"] for r in reference["keyslots"].values() if "kdf" in r) * 8
+    assert summary["requirements"] == reference["config"].get("requirements", {}).get("mandatory", [])
     assert [t["id"] for t in summary["tokens"]] == sorted(int(k) for k in reference["tokens"])
 
 
@@ -125,6 +131,119 @@ def test_recorded_lab_headers_with_persistent_flags():
     check_against_cryptsetup(log, json.loads((DATA / "lab-mix" / "luksjson-vdc.json").read_text()))
     assert log["flags"] == ["allow-discards", "no-read-workqueue", "no-write-workqueue"]
     assert parse((DATA / "lab-mix" / "hdr-vde.bin").read_bytes())["version"] == 1
+
+
+# ---- a header during re-encryption (cryptsetup reencrypt) -------------------------------------
+
+
+def reencrypt_init(image, keyfile, *args):
+    """`cryptsetup reencrypt --init-only` on an image file: the header as a re-encryption leaves it
+    from its first moment until its end (online or offline alike)."""
+    base = ["reencrypt", "--init-only", "-q", "--key-file", str(keyfile), *args, str(image)]
+    done = cryptsetup(*base[:2], "--force-offline-reencrypt", *base[2:], check=False)
+    if done.returncode and "force-offline-reencrypt" in done.stderr:  # cryptsetup before 2.5
+        done = cryptsetup(*base, check=False)
+    assert done.returncode == 0, done.stderr
+    return image
+
+
+def test_recorded_header_during_reencryption():
+    """tests/unit/data/luks2-reencrypt (its README says how it was made): the 512 -> 4096-byte
+    sector re-encryption HANA-PERF-001 recommends, initialised. Regression: the reencrypt
+    keyslot has no kdf and the whole header failed to parse (a false HANA-ENC-005)."""
+    directory = DATA / "luks2-reencrypt"
+    summary = parse((directory / "hdr-init-only.bin").read_bytes())
+    check_against_cryptsetup(summary, json.loads((directory / "luksjson-init-only.json").read_text()))
+    assert summary["sector_size"] == 512 and summary["label"] == "hana_data" and not summary["degraded"]
+    assert [(s["id"], s["type"]) for s in summary["keyslots"]] == [
+        (0, "luks2"),
+        (1, "luks2"),
+        (2, "reencrypt"),
+    ]
+    assert summary["keyslots"][2] == {
+        "id": 2,
+        "type": "reencrypt",
+        "key_size": 8,
+        "priority": 0,
+        "kdf": None,
+        "mode": "reencrypt",
+        "direction": "forward",
+        "resilience": "checksum",
+    }
+    assert summary["key_size"] == 512  # the volume key's, never the reencrypt keyslot's 8 bits
+    assert summary["reencryption"] == {
+        "in_progress": True,
+        "mode": "reencrypt",
+        "direction": "forward",
+        "resilience": "checksum",
+        "keyslot": 2,
+        "requirement": "online-reencrypt-v2",
+        "target": {"encryption": "aes-xts-plain64", "sector_size": 4096},
+    }
+
+
+@pytest.mark.parametrize("mode", ["reencrypt", "decrypt"])
+def test_header_during_reencryption_matches_cryptsetup(make_luks, keyfile, tmp_path, mode):
+    if mode == "reencrypt":
+        image = reencrypt_init(
+            make_luks(sector_size=512), keyfile, "--sector-size", "4096", *CHEAP_KDF["pbkdf2"]
+        )
+        header = image
+    else:  # decryption needs a detached header: the header file is what is parsed
+        header, image = tmp_path / "detached.hdr", tmp_path / "data.img"
+        for path, size in ((header, "16M"), (image, "32M")):
+            subprocess.run(["truncate", "-s", size, str(path)], check=True)
+        cryptsetup(
+            "luksFormat",
+            "-q",
+            "--type",
+            "luks2",
+            "--header",
+            str(header),
+            "--key-file",
+            str(keyfile),
+            *CHEAP_KDF["pbkdf2"],
+            str(image),
+        )
+        reencrypt_init(image, keyfile, "--decrypt", "--header", str(header))
+    summary = parse_file(header)
+    check_against_cryptsetup(summary, dump_json(header))
+    fact = summary["reencryption"]
+    assert fact["in_progress"] and fact["requirement"].startswith("online-reencrypt")
+    if mode == "reencrypt":
+        assert (fact["mode"], fact["direction"]) == ("reencrypt", "forward")
+        assert fact["target"] == {"encryption": "aes-xts-plain64", "sector_size": 4096}
+    else:
+        assert (fact["mode"], fact["direction"], fact["target"]) == ("decrypt", "backward", None)
+
+
+def test_a_header_without_reencryption_says_so(good):
+    assert parse(good)["reencryption"] is None
+
+
+@pytest.mark.parametrize(
+    "requirement,reencrypting",
+    [
+        ("online-reencrypt", True),
+        ("online-reencrypt-v2", True),
+        ("online-reencrypt-v3", True),
+        ("offline-reencrypt", True),
+        ("online-reencrypt-v", False),
+        ("online-reencrypt-vx", False),
+        ("opal", False),
+    ],
+)
+def test_reencrypt_requirements(make_luks, requirement, reencrypting):
+    """A requirement alone (as cryptsetup's reencrypt_candidate_flag() reads them) marks a
+    re-encryption; an unknown requirement is listed, not taken for one."""
+    image = rewrite_luks2_json(
+        make_luks(), lambda meta: meta["config"].update(requirements={"mandatory": [requirement]})
+    )
+    summary = parse_file(image)
+    assert summary["requirements"] == [requirement]
+    assert (summary["reencryption"] is not None) is reencrypting
+    if reencrypting:
+        assert summary["reencryption"]["mode"] is None and summary["reencryption"]["keyslot"] is None
 
 
 def test_flags_written_by_json_edit_are_accepted_by_cryptsetup(make_luks):

@@ -260,6 +260,129 @@ def test_recorded_mountinfo():
     assert "noatime" in data["options"] and "logbsize=256k" in data["super_options"]
 
 
+MOUNTINFO_KERNEL = DATA / "mountinfo" / "kernel-6.18-unshare.bin"
+
+
+def test_mountinfo_as_the_kernel_writes_it():
+    """Recorded from Linux 6.18 (unshare -m, mount -t tmpfs ...): an empty source (two spaces in a
+    row), a source with a space, a source that is "-", a mount point that is not UTF-8, shared:N.
+    Regression: splitting on runs of whitespace lost the empty source field, and the whole table
+    was unreadable - every HANA volume read as HANA-MOUNT-001 and the states crashed."""
+    raw = MOUNTINFO_KERNEL.read_bytes()
+    assert b"tmpfs  rw" in raw and b"\xff" in raw  # what the kernel really wrote
+    # as text, as the callers read it so far (without the line that is not UTF-8)
+    text = b"".join(line for line in raw.splitlines(keepends=True) if b"\xff" not in line).decode()
+    assert [m["source"] for m in tab.parse_mountinfo(text)] == ["", "my src", "-", "tmpfs"]
+    mounts = {m["mountpoint"]: m for m in tab.parse_mountinfo(raw)}
+    assert sorted(mounts) == [
+        "/tmp/rec7/t",
+        "/tmp/rec7/t/dash",
+        "/tmp/rec7/t/hana data",
+        "/tmp/rec7/t/plain",
+        "/tmp/rec7/t/x\\xffy",  # not UTF-8: shown, never equal to a (UTF-8) pillar path
+    ]
+    assert mounts["/tmp/rec7/t"] == {
+        "mount_id": 63,
+        "parent_id": 43,
+        "dev": "0:39",
+        "root": "/",
+        "mountpoint": "/tmp/rec7/t",
+        "options": ["rw", "relatime"],
+        "fstype": "tmpfs",
+        "source": "",
+        "super_options": ["rw", "size=1024k"],
+    }
+    assert mounts["/tmp/rec7/t/hana data"]["source"] == "my src"
+    assert mounts["/tmp/rec7/t/dash"]["source"] == "-"
+    assert mounts["/tmp/rec7/t/plain"]["super_options"] == ["rw", "size=1024k", "mode=700"]
+
+
+def test_mountinfo_of_this_host_with_an_empty_source_mount(tmp_path):
+    """The whole mountinfo of this host, with a tmpfs mounted from "" in a mount namespace of its own."""
+    point = tmp_path / "empty source"
+    point.mkdir()
+    script = 'mount -t tmpfs -o size=1m "" "$1" && cat /proc/self/mountinfo'
+    try:
+        done = subprocess.run(
+            ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", str(point)],
+            capture_output=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        pytest.skip(f"unshare not usable here: {error}")
+    if done.returncode:
+        pytest.skip(f"cannot mount in a private mount namespace here: {done.stderr.decode()[:200]}")
+    mounts = tab.parse_mountinfo(done.stdout.decode("utf-8", "backslashreplace"))
+    assert mounts == tab.parse_mountinfo(done.stdout)  # bytes read the same
+    (mine,) = [m for m in mounts if m["mountpoint"] == str(point)]
+    assert mine["source"] == "" and mine["fstype"] == "tmpfs"
+    assert any(m["mountpoint"] == "/" for m in mounts)
+
+
+def test_a_malformed_mountinfo_line_is_named_or_set_aside():
+    good = "25 23 0:23 / /run rw,relatime - tmpfs run rw\n"
+    bad = "26 23 0:24 / /hana/data rw,relatime - xfs\n"  # the source and super options cut off
+    garbage = "what is this\n"
+    with pytest.raises(tab.TabError, match=r"mountinfo line 2 \('26 23 0:24 / /hana/data.*expected 10"):
+        tab.parse_mountinfo(good + bad + good)
+    malformed = []
+    mounts = tab.parse_mountinfo(good + bad + garbage + good, malformed=malformed)
+    assert [m["mountpoint"] for m in mounts] == ["/run", "/run"]
+    assert [(m["line"], m["mountpoint"]) for m in malformed] == [(2, "/hana/data"), (3, None)]
+    assert "expected 10 or more fields, got 8" in malformed[0]["error"]
+
+
+def test_which_malformed_line_concerns_a_path():
+    malformed = []
+    tab.parse_mountinfo(
+        "26 23 0:24 / /hana/data rw - xfs\n27 23 0:25 / /run rw - tmpfs\n", malformed=malformed
+    )
+    assert tab.mountinfo_doubt(malformed, "/hana/log") is None
+    assert tab.mountinfo_doubt(malformed, "/hana/data")["line"] == 1
+    assert tab.mountinfo_doubt(malformed, "/run/hana-storage/keys") is None  # not the mount at it ...
+    assert tab.mountinfo_doubt(malformed, "/run/hana-storage/keys", holding=True)["line"] == 2  # ... above it
+    assert tab.mountinfo_doubt(malformed, "/running", holding=True) is None
+    unknown = []
+    tab.parse_mountinfo("garbage\n", malformed=unknown)
+    assert tab.mountinfo_doubt(unknown, "/hana/log")["line"] == 1  # could be any mount
+
+
+PATHS = st.lists(st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=6), max_size=4).map(
+    lambda parts: "/" + "/".join(parts)
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            PATHS,
+            PATHS,
+            st.lists(st.sampled_from(["shared:1", "master:7", "propagate_from:2", "unbindable"]), max_size=3),
+            st.sampled_from(["tmpfs", "xfs", "fuse.sshfs", "fuse.a b"]),
+            st.text(max_size=8),  # the source: anything, empty included
+        ),
+        max_size=5,
+    )
+)
+def test_mountinfo_written_the_kernels_way_reads_back(entries):
+    """What show_mountinfo() writes (fs/proc_namespace.c: mangle() escapes space, tab, newline and
+    backslash, fields joined by one space) parses back to what was mounted."""
+    lines = [
+        " ".join(
+            [str(i + 20), "1", f"0:{i}", tab.escape(root), tab.escape(point), "rw,relatime", *optional, "-"]
+            + [tab.escape(fstype), tab.escape(source), "rw"]
+        )
+        for i, (root, point, optional, fstype, source) in enumerate(entries)
+    ]
+    text = "".join(line + "\n" for line in lines)
+    for data in (text, text.encode("utf-8", "surrogatepass")):
+        mounts = tab.parse_mountinfo(data)
+        assert [(m["root"], m["mountpoint"], m["fstype"], m["source"]) for m in mounts] == [
+            (root, point, fstype, source) for root, point, _, fstype, source in entries
+        ]
+
+
 @pytest.mark.parametrize(
     "parser,text,message",
     [
@@ -270,6 +393,10 @@ def test_recorded_mountinfo():
         (tab.parse_mountinfo, "1 2 3:4 / /x rw\n", "no '-' separator"),
         (tab.parse_mountinfo, "a 2 3:4 / /x rw - xfs /dev/x rw\n", "malformed"),
         (tab.parse_mountinfo, "1 2 3:4 / /x rw - xfs\n", "expected 10"),
+        (tab.parse_mountinfo, "1 2 3:4 / /x rw - xfs /dev/x rw extra\n", "expected 3 fields after"),
+        (tab.parse_mountinfo, "1 2 3:4 / /x rw  - xfs /dev/x rw\n", "field 7 is empty"),
+        (tab.parse_mountinfo, "1 2 3:4 / /x rw - xfs /dev/x \n", "field 10 is empty"),
+        (tab.parse_mountinfo, "1\t2 3:4 / /x rw x - xfs /dev/x rw\n", "ids and major:minor malformed"),
     ],
 )
 def test_malformed_tabs(parser, text, message):

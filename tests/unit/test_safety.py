@@ -43,7 +43,8 @@ def probe(device="/dev/vda", **facts):
         "key_opens": None,
         "holders": [],
         "mountpoints": [],
-        "nonzero_head": False,
+        "data_at": None,
+        "key_error": None,
         "xfs": None,
     }
     return {**base, **facts}
@@ -71,7 +72,7 @@ CASES = [
         "refuse",
         "vg_other",
     ),
-    ("ext4", "above_lvm", {"signatures": sig("ext4"), "nonzero_head": True}, "refuse", "ext4 signature"),
+    ("ext4", "above_lvm", {"signatures": sig("ext4"), "data_at": 4096}, "refuse", "ext4 signature"),
     ("xfs-on-disk", "below_lvm", {"signatures": sig("xfs")}, "refuse", "xfs signature"),
     ("gpt", "above_lvm", {"pttype": "gpt"}, "refuse", "gpt partition table"),
     ("raid", "above_lvm", {"signatures": sig("linux_raid_member")}, "refuse", "linux_raid_member"),
@@ -82,7 +83,7 @@ CASES = [
         "refuse",
         "ambivalent",
     ),
-    ("unknown-data", "above_lvm", {"nonzero_head": True}, "refuse", "without a known signature"),
+    ("unknown-data", "above_lvm", {"data_at": 4096}, "refuse", "without a known signature"),
     ("mounted", "above_lvm", {"mountpoints": ["/srv"]}, "refuse", "mounted at /srv"),
     ("held", "above_lvm", {"holders": ["md0"]}, "refuse", "in use by md0"),
     ("missing", "above_lvm", {"exists": False}, "refuse", "does not exist"),
@@ -299,3 +300,79 @@ def test_mkfs_is_aligned_and_never_forced_unless_asked():
     ]
     assert commands.mkfs_xfs("/dev/x", 256, 1, []) == ["mkfs.xfs", "-q", "/dev/x"]
     assert "-f" in commands.mkfs_xfs("/dev/x", 256, 1, [], force=True)
+
+
+# ---- issue 13: only a wrong key may lead to a wipe; blank means provably blank ----------------
+
+OOM = "cryptsetup exited 3 (out of memory): Not enough available memory to open a keyslot."
+
+
+@pytest.mark.parametrize("safe_mode,allow", [(True, ["/dev/vda"]), (False, [])])
+def test_a_failed_key_test_refuses_even_where_formatting_is_allowed(safe_mode, allow):
+    """The right key, an argon2id keyslot, too little memory: exit 3 is not "a foreign LUKS"."""
+    allowed = volume("below_lvm", allow=allow, safe_mode=safe_mode)
+    got = safety.disk_verdict(allowed, probe(signatures=sig("crypto_LUKS"), key_opens=None, key_error=OOM))
+    assert (got["verdict"], got["code"]) == ("refuse", "key_test_failed"), got
+    assert "out of memory" in got["reason"]
+    wrong = safety.disk_verdict(allowed, probe(signatures=sig("crypto_LUKS"), key_opens=False))
+    assert (wrong["verdict"], wrong["code"]) == ("wipe", "foreign_luks")
+
+
+def test_an_untested_key_is_not_a_wrong_key():
+    got = safety.disk_verdict(volume("below_lvm", allow=["/dev/vda"]), probe(signatures=sig("crypto_LUKS")))
+    assert (got["verdict"], got["code"]) == ("refuse", "key_not_tested"), got
+
+
+def test_layer_luks_key_test_failure_is_never_wiped():
+    got = safety.layer_verdict("luks", probe(signatures=sig("crypto_LUKS"), key_error=OOM), may_wipe=True)
+    assert (got["verdict"], got["code"]) == ("refuse", "key_test_failed"), got
+
+
+def test_data_far_from_the_start_makes_a_disk_foreign():
+    got = safety.disk_verdict(volume(), probe(data_at=512 << 20))
+    assert (got["verdict"], got["code"]) == ("refuse", "unknown_data"), got
+    assert str(512 << 20) in got["reason"]
+
+
+@pytest.mark.parametrize(
+    "facts,created_now,may_wipe,verdict,code",
+    [
+        ({}, False, False, "create", "blank"),  # sampled areas all zero
+        ({}, True, False, "create", "created_now"),
+        ({"data_at": 1 << 20}, True, False, "create", "created_now"),  # created now: garbage of no one
+        # plain dm-crypt, a detached-header LUKS, a damaged LUKS1 header: no signature, data
+        ({"data_at": 0}, False, False, "refuse", "unknown_data"),
+        ({"data_at": 0}, False, True, "wipe", "unknown_data"),
+    ],
+)
+def test_an_existing_lv_without_a_signature_is_formatted_only_when_provably_blank(
+    facts, created_now, may_wipe, verdict, code
+):
+    got = safety.layer_verdict(
+        "luks", probe(**facts), may_wipe, own_holders=["hana_data"], created_now=created_now
+    )
+    assert (got["verdict"], got["code"]) == (verdict, code), got
+
+
+@pytest.mark.parametrize(
+    "facts,verdict,code,words",
+    [
+        ({}, "create", "blank", "blank"),
+        ({"signatures": sig("LVM2_member"), "pv_vg": ""}, "use", "own_pv", "no VG yet"),
+        ({"signatures": sig("LVM2_member"), "pv_vg": "vg_hana_log"}, "use", "own_pv", "vg_hana_log"),
+        ({"signatures": sig("LVM2_member"), "pv_vg": "vg_other"}, "refuse", "foreign_signature", "vg_other"),
+        ({"signatures": sig("xfs")}, "refuse", "foreign_signature", "xfs signature"),
+        ({"signatures": sig("linux_raid_member")}, "refuse", "foreign_signature", "linux_raid_member"),
+        ({"pttype": "gpt"}, "refuse", "foreign_signature", "gpt partition table"),
+        ({"holders": ["intruder"]}, "refuse", "held", "intruder"),
+    ],
+)
+def test_what_an_opened_luks_device_holds_is_checked_before_pvcreate(facts, verdict, code, words):
+    # may_wipe is not even asked: allow_format names disks, not what a key opens inside them
+    got = safety.layer_verdict("pv", probe("/dev/mapper/hana_log_0", **facts), True, own_vg="vg_hana_log")
+    assert (got["verdict"], got["code"]) == (verdict, code) and words in got["reason"], got
+
+
+def test_every_verdict_carries_a_code():
+    for case in CASES:
+        assert safety.disk_verdict(volume(case[1]), probe(**case[2]))["code"]

@@ -19,13 +19,12 @@ import socket
 import time
 import urllib.request
 
-import hana_storage_events
 import pytest
-import salt.crypt
 import salt.utils.event
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests import beacon_events
 from tests.conftest import REPO, shipped_reactor
 from tests.vm.conftest import boot
 
@@ -255,8 +254,12 @@ def test_refresh_without_flags_is_caught_remediated_and_resolved(
         value(samples, "hana_storage_violations_total", **labels)
         == value(before, "hana_storage_violations_total", **labels) + 1
     )
+    # fixed by its own orchestration, or absent: PERF-003's fix (the same refresh) got there first
     assert (
-        value(samples, "hana_storage_remediations_total", minion=MINION, rule="HANA-PERF-002", result="fixed")
+        sum(
+            value(samples, "hana_storage_remediations_total", minion=MINION, rule="HANA-PERF-002", result=r)
+            for r in ("fixed", "absent")
+        )
         >= 1
     )
     assert value(samples, "hana_storage_resolved_total", minion=MINION, rule="HANA-PERF-002") >= 1
@@ -305,8 +308,7 @@ FLOOD = 500  # through the real reactor (about 10 events/s: bench/test_fleet.py)
 
 
 def signed(key, minion, data):
-    message = hana_storage_events.signed_bytes(minion, "violation", data)
-    return {**data, "sig": base64.b64encode(key.sign(message, salt.crypt.PKCS1v15_SHA224)).decode()}
+    return beacon_events.sign(key, minion, "violation", data)
 
 
 def violation(rule, **extra):
@@ -332,7 +334,7 @@ def test_forged_events_cause_no_action_and_a_flood_one_remediation(
     key_path = master.config["root_dir"] + "/hana-lab-minion.pem"
     with open(key_path, "w", encoding="utf-8") as handle:
         handle.write(pem)
-    key = salt.crypt.PrivateKey.from_file(key_path)
+    key = key_path  # signed as the beacon signs: the same calls on every Salt line
     before = metrics(master)
     after = time.time()
     # 1. the minion in the VM names another minion in the tag: it cannot sign for that one

@@ -1,6 +1,7 @@
 # -*- coding: utf-8 -*-
 # vim: ft=sls
 # LUKS2 format and open with the dm-crypt flags: on the LV (above LVM) or on each disk (below).
+# Below LVM, what an opened device holds is checked before pvcreate (lvm.sls) may wipe it.
 ---
 {%- from "hana/storage/map.jinja" import hana_storage with context %}
 {%- if hana_storage.valid %}
@@ -19,6 +20,9 @@ hana-storage-{{ name }}-luks-{{ loop.index0 }}:
     - stripe_kib: {{ volume.stripe_size_kib if above else 0 }}
     - stripes: {{ volume.stripes if above else 1 }}
     - may_wipe: {{ may_wipe }}
+{%-       if above %}
+    - created_by: hana-storage-{{ name }}-lv
+{%-       endif %}
     - require:
       - hana_storage: hana-storage-{{ name }}-{{ 'lv-active' if above else 'guard' }}
 
@@ -30,6 +34,16 @@ hana-storage-{{ name }}-open-{{ loop.index0 }}:
     - flags: {{ luks.dm_flags | json }}
     - require:
       - hana_storage: hana-storage-{{ name }}-luks-{{ loop.index0 }}
+{%-       if not above %}
+
+hana-storage-{{ name }}-inside-{{ loop.index0 }}:
+  hana_storage.pv_safe:
+    - name: /dev/mapper/{{ crypt.name }}
+    - vg: {{ volume.vg }}
+    - lv_dm_name: {{ volume.lv_dm_name }}
+    - require:
+      - hana_storage: hana-storage-{{ name }}-open-{{ loop.index0 }}
+{%-       endif %}
 {%-     endfor %}
 {%-   endfor %}
 {%- endif %}

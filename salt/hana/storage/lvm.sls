@@ -13,7 +13,7 @@ hana-storage-{{ name }}-pv-{{ loop.index0 }}:
   lvm.pv_present:
     - name: {{ pv }}
     - require:
-      - hana_storage: hana-storage-{{ name }}-{{ 'guard' if above else 'open-' ~ loop.index0 }}
+      - hana_storage: hana-storage-{{ name }}-{{ 'guard' if above else 'inside-' ~ loop.index0 }}
 {%-     endfor %}
 
 hana-storage-{{ name }}-vg:

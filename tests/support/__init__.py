@@ -1,0 +1,1 @@
+"""Test helpers shared by the tiers and the benchmarks."""

@@ -1,0 +1,262 @@
+"""The data-loss guard, read-only paths and least privilege on a real kernel (issue 13).
+
+One boot, six disks, each prepared with what a careful review found the guard let through:
+
+- vda: LUKS2 the volume's key opens, its keyslot argon2id with 3 GiB of memory (formatted on the
+  host): in the 2 GiB guest the key test fails with "out of memory" (exit 3), which is not "a
+  foreign LUKS" - even with allow_format the device must be refused, never wiped;
+- vdb: LUKS2 the volume's key opens, holding XFS with files (below LVM: pvcreate would wipe it);
+- vdc: a PV of the volume's own VG whose existing LV holds plain dm-crypt data (no signature);
+- vdd: zeroed at the start, data 400 MiB in;
+- vde: LUKS2 the key opens, its secondary header copy damaged (cryptsetup repairs on load);
+- vdf: blank: the one volume that is built, with userspace-only mount options.
+
+Every refused disk keeps every byte (sha256 of the image on the host); read-only functions and
+``test=True`` change no byte of any disk.
+"""
+
+import base64
+import json
+import subprocess
+
+import pytest
+import yaml
+
+from tests.vm.conftest import boot
+
+pytestmark = pytest.mark.vm
+
+KEY_FILE = "/run/hana-storage/keys/hana.key"
+OOM_MEMORY_KIB = 3 << 20  # more than the guest's 2 GiB: the key test cannot allocate it
+DISKS = {"oom": 0, "inner": 1, "plain": 2, "deep": 3, "degraded": 4, "good": 5}
+GOOD_OPTIONS = ["noatime", "nodiratime", "logbsize=256k", "nofail", "x-systemd.device-timeout=30"]
+
+
+def dev(volume):
+    return f"/dev/vd{'abcdef'[DISKS[volume]]}"
+
+
+def storage(vm, volumes):
+    layout = yaml.safe_load(vm.pillar())["hana"]["storage"]
+    everything = {
+        "oom": {"mountpoint": "/hana/oom", "devices": [dev("oom")], "encryption": "below_lvm"},
+        "inner": {"mountpoint": "/hana/inner", "devices": [dev("inner")], "encryption": "below_lvm"},
+        "plain": {"mountpoint": "/hana/plain", "devices": [dev("plain")]},
+        "deep": {"mountpoint": "/hana/deep", "devices": [dev("deep")]},
+        "degraded": {"mountpoint": "/hana/degraded", "devices": [dev("degraded")], "encryption": "below_lvm"},
+        "good": {"mountpoint": "/hana/good", "devices": [dev("good")], "mount_options": GOOD_OPTIONS},
+    }
+    # allowed to be formatted: a failed key test must still never lead to a wipe
+    everything["oom"]["allow_format"] = [dev("oom")]
+    layout["volumes"] = {name: everything[name] for name in volumes}
+    return yaml.safe_dump({"hana": {"storage": layout}})
+
+
+def ordered(states):
+    return sorted(states.values(), key=lambda s: s["__run_num__"])
+
+
+def by_id(result):
+    return {s["__id__"]: s for s in ordered(result.ret)}
+
+
+def oom_header(vm, tmp_path):
+    """A LUKS2 header (first 16 MiB) the lab key opens, with a 3 GiB argon2id keyslot."""
+    image, key = tmp_path / "oom.img", tmp_path / "lab.key"
+    key.write_bytes(base64.b64decode(vm.key_b64()))
+    subprocess.run(["truncate", "-s", "32M", str(image)], check=True)
+    subprocess.run(
+        ["cryptsetup", "luksFormat", "-q", "--type", "luks2", "--pbkdf", "argon2id", "--pbkdf-memory",
+         str(OOM_MEMORY_KIB), "--pbkdf-force-iterations", "4", "--pbkdf-parallel", "1", "--key-file",
+         str(key), str(image)],
+        check=True,
+    )  # fmt: skip
+    (vm.shared / "oom.hdr").write_bytes(image.read_bytes()[: 16 << 20])
+
+
+@pytest.fixture(scope="module")
+def vm(request, tmp_path_factory):
+    vm = boot(request, disks=len(DISKS), disk_size="1G")
+    oom_header(vm, tmp_path_factory.mktemp("oom"))
+    vm.run(
+        "set -e\n"
+        f"echo {vm.key_b64()} | base64 -d >/run/lab.key\n"
+        "head -c 64 /dev/urandom >/run/other.key\n"
+        "cheap='--type luks2 --pbkdf pbkdf2 --pbkdf-force-iterations 1000'\n"
+        f"dd if={vm.shared}/oom.hdr of={dev('oom')} bs=1M conv=notrunc,fsync status=none\n"
+        # vdb: the volume's key opens it, XFS with files inside; flags already persistent, so
+        # opening it writes nothing to the header
+        f"cryptsetup luksFormat -q $cheap --key-file /run/lab.key {dev('inner')}\n"
+        f"cryptsetup open --key-file /run/lab.key --perf-no_read_workqueue --perf-no_write_workqueue "
+        f"--persistent {dev('inner')} prep\n"
+        "mkfs.xfs -q /dev/mapper/prep && mkdir -p /run/x && mount /dev/mapper/prep /run/x\n"
+        "seq 100000 >/run/x/data.txt && umount /run/x && cryptsetup close prep\n"
+        # vdc: our VG, our LV name, plain dm-crypt data in it
+        f"pvcreate -q {dev('plain')} && vgcreate -q vg_hana_plain {dev('plain')}\n"
+        "lvcreate -q -y -l 100%FREE -n lv_hana_plain vg_hana_plain\n"
+        "cryptsetup open --type plain --cipher aes-xts-plain64 --key-size 512 --key-file /run/other.key "
+        "/dev/vg_hana_plain/lv_hana_plain prep\n"
+        "seq 2000000 | dd of=/dev/mapper/prep bs=1M iflag=fullblock conv=fsync status=none\n"
+        "cryptsetup close prep && vgchange -q -an vg_hana_plain\n"
+        # vdd: the first 400 MiB zero, then data
+        f"seq 5000000 | dd of={dev('deep')} bs=1M seek=400 iflag=fullblock conv=notrunc,fsync status=none\n"
+        # vde: the key opens it, the secondary header copy's JSON damaged
+        f"cryptsetup luksFormat -q $cheap --key-file /run/lab.key {dev('degraded')}\n"
+        f"printf XX | dd of={dev('degraded')} bs=1 seek=$((16384 + 4096 + 100)) conv=notrunc,fsync status=none\n"
+        "sync",
+        check=True,
+        title="putting the reviewed cases on vda-vde",
+    )
+    vm.sums = {name: vm.checksum(index) for name, index in DISKS.items()}
+    vm.setup_salt(storage(vm, DISKS))
+    return vm
+
+
+def unchanged(vm, names):
+    return [name for name in names if vm.checksum(DISKS[name]) != vm.sums[name]]
+
+
+@pytest.fixture(scope="module")
+def read_only_calls(vm):
+    """The key already in place (as after an earlier apply), then every read-only path."""
+    vm.run(f"mkdir -p -m 0700 /run/hana-storage/keys && install -m 0400 /run/lab.key {KEY_FILE}", check=True)
+    devices = ",".join(dev(name) for name in DISKS)
+    return {
+        "probe": vm.salt(f"hana_storage.probe {devices} key_file={KEY_FILE}", check=True).ret,
+        "audit": vm.salt("hana_storage.audit", check=True).ret,
+        "inspect": vm.salt("hana_storage.inspect", check=True).ret,
+        "header": vm.salt(f"hana_storage.luks_header {dev('degraded')}", check=True).ret,
+        "dry_run": vm.salt("state.apply hana.storage test=True", title="state.apply test=True"),
+    }
+
+
+def test_read_only_paths_change_no_byte_of_any_disk(vm, read_only_calls):
+    """cryptsetup open --test-passphrase repairs a damaged LUKS2 header copy: the key is tried on
+    a copy of the header in memory, so the damage (HANA-ENC-007's evidence) stays as it was."""
+    assert unchanged(vm, DISKS) == []
+    header = read_only_calls["header"]
+    assert header["degraded"] is True and header["copies"]["primary"] == "ok"
+    assert read_only_calls["probe"][dev("degraded")]["key_opens"] is True
+    dry = by_id(read_only_calls["dry_run"])
+    assert all(s["changes"] == {} for s in dry.values())
+
+
+def test_a_failed_key_test_is_not_a_foreign_device(vm, read_only_calls):
+    oom = read_only_calls["probe"][dev("oom")]
+    assert oom["key_opens"] is None and "exited 3" in oom["key_error"], oom
+    assert read_only_calls["probe"][dev("inner")]["key_opens"] is True
+
+
+def test_data_far_from_the_start_is_found(read_only_calls):
+    # sampled: the first window that falls in the data (they are 16 MiB apart on this disk)
+    assert 400 << 20 <= read_only_calls["probe"][dev("deep")]["data_at"] < 440 << 20
+
+
+@pytest.fixture(scope="module")
+def apply(vm, read_only_calls):
+    vm.set_pillar(storage(vm, [name for name in DISKS if name != "degraded"]))
+    result = vm.salt("state.apply hana.storage", title="state.apply: four disks to refuse, one to build")
+    vm.run("cryptsetup close hana_inner_0 2>/dev/null; sync", echo=False)
+    return result
+
+
+def test_refused_volumes_keep_every_byte(vm, apply):
+    states = by_id(apply)
+    expect = {
+        "hana-storage-oom-guard": "testing the volume's key on it failed: cryptsetup exited 3 (out of memory)",
+        "hana-storage-inner-inside-0": "/dev/mapper/hana_inner_0 a PV of vg_hana_inner: it carries a xfs signature",
+        "hana-storage-plain-luks-0": "holds data without a known signature",
+        "hana-storage-deep-guard": "/dev/vdd holds data without a known signature (non-zero bytes at offset",
+    }
+    for state_id, words in expect.items():
+        assert states[state_id]["result"] is False and words in states[state_id]["comment"], states[state_id]
+        assert "Nothing was changed" in states[state_id]["comment"]
+    assert not [s["__id__"] for s in states.values() if {"wiped", "formatted"} & set(s["changes"])
+                and not s["__id__"].startswith("hana-storage-good-")]  # fmt: skip
+    assert unchanged(vm, ["oom", "inner", "plain", "deep"]) == []
+    assert (
+        "100000"
+        in vm.run(
+            f"cryptsetup open --key-file /run/lab.key {dev('inner')} check && mount -o ro /dev/mapper/check /run/x "
+            "&& tail -1 /run/x/data.txt; umount /run/x; cryptsetup close check"
+        ).output
+    )
+
+
+def test_the_blank_disk_is_built(apply):
+    good = [s for s in ordered(apply.ret) if s["__id__"].startswith("hana-storage-good-")]
+    assert good and all(s["result"] is True for s in good), [
+        s["comment"] for s in good if s["result"] is not True
+    ]
+
+
+def test_pillar_key_sits_on_ramfs_root_only(vm, apply):
+    key = by_id(apply)["hana-storage-key-default"]
+    assert key["changes"]["removed"] == [KEY_FILE]  # the copy left on tmpfs is gone
+    out = vm.run(
+        f"stat -c '%a %u' {KEY_FILE}; findmnt -n -o FSTYPE,OPTIONS /run/hana-storage/keys; "
+        "stat -c '%a' /run/hana-storage/keys",
+        echo=False,
+    ).output.split()
+    assert out[:3] == ["400", "0", "ramfs"] and out[-1] == "700", out
+
+
+def test_userspace_mount_options_and_an_empty_mount_source_change_nothing(vm, apply):
+    """nofail and x-systemd.* never show in the kernel's options: no remount on every apply.
+    A tmpfs mounted with an empty source writes an empty mountinfo field: still parsed."""
+    vm.run("mkdir -p /run/empty && mount -t tmpfs '' /run/empty", check=True)
+    try:
+        again = vm.salt("state.apply hana.storage", title="state.apply again")
+        good = [s for s in ordered(again.ret) if s["__id__"].startswith("hana-storage-good-")]
+        assert [s["__id__"] for s in good if s["changes"]] == []
+        assert all(s["result"] is True for s in good), [s["comment"] for s in good if s["result"] is not True]
+        audit = vm.salt("hana_storage.audit volumes=good", check=True).ret
+        assert audit["compliant"] is True, [f["message"] for f in audit["findings"]]
+    finally:
+        vm.run("umount /run/empty", echo=False)
+
+
+def test_io_check_never_writes_through_a_planted_symlink(vm, apply):
+    # the victim on the same XFS, where fio's O_DIRECT writes would land (any file root can write)
+    victim = "/hana/good/keep/victim"
+    vm.run(
+        f"set -e; mkdir -p /hana/good/keep; seq 1000 >{victim}; ln -s {victim} /hana/good/.hana_storage_io_check; "
+        f"ln -s {victim} /hana/good/io_check",
+        check=True,
+    )
+    before = vm.run(f"sha256sum {victim}", echo=False).output
+    result = vm.salt("hana_storage.io_check volumes=good size=64M runtime=1", title="io_check (fio, 8 jobs)")
+    assert isinstance(result.ret, dict) and result.ret["volumes"]["good"]["jobs"], result.text()[-2000:]
+    assert vm.run(f"sha256sum {victim}", echo=False).output == before
+    left = vm.run("ls -A /hana/good", echo=False).output.split()
+    assert sorted(left) == [".hana_storage_io_check", "io_check", "keep"], left  # the planted links stay
+
+
+def test_key_file_fix_never_follows_a_symlink_into_a_directory_others_own(vm, apply):
+    vm.run(
+        "set -e; mkdir -p /run/sidadm /etc/hana-storage/keys; seq 10 >/run/sidadm/target; "
+        "chown -R 1000:1000 /run/sidadm; chmod 0644 /run/sidadm/target; "
+        "ln -sf /run/sidadm/target /etc/hana-storage/keys/linked.key",
+        check=True,
+    )
+    result = vm.salt(
+        "state.single hana_storage.key_present name=/etc/hana-storage/keys/linked.key source=keyfile"
+    )
+    (state,) = result.ret.values()
+    assert state["result"] is False and "can be changed by users other than root" in state["comment"], state
+    assert vm.run("stat -c '%a %u' /run/sidadm/target", echo=False).output.split() == ["644", "1000"]
+
+
+def test_a_header_under_reencryption_parses_and_audits_as_a_fact(vm, apply):
+    lv = "/dev/vg_hana_good/lv_hana_good"
+    vm.run(f"cryptsetup reencrypt --init-only -q --key-file {KEY_FILE} {lv}", check=True)
+    header = vm.salt(f"hana_storage.luks_header {lv}", check=True).ret
+    assert header.get("reencryption"), json.dumps(header)[:2000]
+    audit = vm.salt("hana_storage.audit volumes=good", check=True).ret
+    assert "HANA-ENC-005" not in json.dumps(audit), audit["findings"]
+    crypttab = vm.salt(
+        f"state.single hana_storage.crypttab_present name=hana_good device={lv} key_file={KEY_FILE} "
+        "options='[luks, no-read-workqueue, no-write-workqueue, noauto]'"
+    )
+    (state,) = crypttab.ret.values()
+    assert state["result"] is True, state
