@@ -63,6 +63,7 @@ USERSPACE_MOUNT_OPTIONS = {
     "nouser",
     "users",
     "owner",
+    "group",
     "_netdev",
 }
 
@@ -74,7 +75,7 @@ PATTERN_HELP = {
     "volume_name": "a volume name: lower-case letter first, then lower-case letters, digits or _, at most 16",
     "size": "an LV size like 100%FREE, 90%VG or 500G",
     "mkfs_option": "a single mkfs.xfs option like '-m crc=1' or '-l size=64m'",
-    "mount_option": "a mount option like noatime or logbsize=256k",
+    "mount_option": "a mount option like noatime, logbsize=256k or x-systemd.device-timeout=30",
     "rule_id": "a rule ID like HANA-PERF-002",
     "size_kib": "a size in KiB (integer) or a string like '256k' or '1m'",
 }
@@ -143,7 +144,7 @@ def _pattern_help(error):
         return PATTERN_HELP["size"]
     if pattern.startswith("^-"):
         return PATTERN_HELP["mkfs_option"]
-    if pattern.startswith("^[a-z0-9_]+(="):
+    if pattern.startswith("^([a-z0-9_]+|x-"):
         return PATTERN_HELP["mount_option"]
     return f"a string matching {pattern}"
 
@@ -413,8 +414,12 @@ def key_file(key, volume_name=None):
     return key["path"]
 
 
-def normalize(config):
-    """A valid merged config -> the plan: every volume fully spelled out, no key material."""
+def normalize(config, systemd_version=None):
+    """A valid merged config -> the plan: every volume fully spelled out, no key material.
+
+    ``systemd_version``: the host's (its crypttab reader); crypttab options it does not know
+    are left out, and the LUKS2 header's persistent flags carry those at boot.
+    """
     volumes = {}
     for name in sorted(config["volumes"]):
         raw = config["volumes"][name]
@@ -457,11 +462,13 @@ def normalize(config):
         volume["may_format"] = list(volume["devices"]) if not config["safe_mode"] else volume["allow_format"]
         # A pillar key lives on tmpfs and is there only once Salt wrote it: no unlock or mount at boot.
         at_boot = [] if key["source"] == "keyfile" else ["noauto"]
-        volume["crypttab_options"] = ["luks", *crypttab_flag_options(config["luks"]), *at_boot]
-        volume["fstab_options"] = [*volume["mount_options"], *at_boot]
-        volume["kernel_mount_options"] = [
-            o for o in volume["mount_options"] if o not in USERSPACE_MOUNT_OPTIONS and not o.startswith("x-")
+        volume["crypttab_options"] = [
+            "luks",
+            *crypttab_flag_options(config["luks"], systemd_version),
+            *at_boot,
         ]
+        volume["fstab_options"] = [*volume["mount_options"], *at_boot]
+        volume["kernel_mount_options"] = kernel_mount_options(volume["mount_options"])
         volumes[name] = volume
     plan = {k: copy.deepcopy(v) for k, v in config.items() if k not in ("volumes", "volume_defaults", "key")}
     plan["key"] = {k: v for k, v in config["key"].items() if k != "material"}
@@ -469,6 +476,11 @@ def normalize(config):
     plan["luks"]["header_flags"] = [flag.replace("_", "-") for flag in plan["luks"]["dm_flags"]]
     plan["volumes"] = volumes
     return plan
+
+
+def kernel_mount_options(options):
+    """The mount options the kernel shows for a mount (userspace-only and x-* options never do)."""
+    return [o for o in options if o not in USERSPACE_MOUNT_OPTIONS and not o.startswith(("x-", "comment="))]
 
 
 def dm_flags(luks):
@@ -489,9 +501,21 @@ CRYPTTAB_SPELLING = {
 }
 
 
-def crypttab_flag_options(luks):
-    """crypttab spellings of the dm-crypt flags (systemd-cryptsetup and Debian's cryptdisks)."""
-    return [CRYPTTAB_SPELLING[flag] for flag in dm_flags(luks)]
+# the first systemd whose crypttab reader knows the option (older ones ignore it with a warning)
+CRYPTTAB_SINCE_SYSTEMD = {"no-read-workqueue": 248, "no-write-workqueue": 248}
+
+
+def crypttab_flag_options(luks, systemd_version=None):
+    """crypttab spellings of the dm-crypt flags that the host's systemd-cryptsetup understands
+    (RHEL 8 has systemd 239, SLES 15 SP3 246: no workqueue options; the LUKS2 header's
+    persistent flags, set by the formula, apply them at activation all the same). An unknown
+    version gets every option."""
+    options = [CRYPTTAB_SPELLING[flag] for flag in dm_flags(luks)]
+    try:
+        version = int(str(systemd_version).split(".")[0].split("~")[0])
+    except ValueError:
+        return options
+    return [o for o in options if version >= CRYPTTAB_SINCE_SYSTEMD.get(o, 0)]
 
 
 def validation_summary(errors):

@@ -25,6 +25,16 @@ RULES = {
     "HANA-LAYOUT-002": ("medium", "manual", "encryption at the other layer than the pillar says"),
     "HANA-LAYOUT-003": ("low", "manual", "XFS sunit/swidth do not match the stripe geometry"),
     "HANA-LAYOUT-004": ("high", "manual", "a device of the stack is missing or suspended"),
+    "HANA-LAYOUT-005": (
+        "high",
+        "manual",
+        "a LUKS device or PV sits on one path of a multipath LUN, not on its map",
+    ),
+    "HANA-LAYOUT-006": (
+        "medium",
+        "manual",
+        "the pillar names a device by a name that can change across boots",
+    ),
     "HANA-PERSIST-001": ("high", "auto", "crypttab entry missing or different"),
     "HANA-PERSIST-002": ("medium", "auto", "fstab entry or live mount options differ"),
     "HANA-KEY-001": ("high", "auto", "key file readable by others than root"),
@@ -61,6 +71,7 @@ class VolumeAudit:
         self.luks = plan["luks"]
         self.devices = facts.get("devices", {})
         self.findings = []
+        self.reencryption = {}  # crypt device path -> the header's re-encryption fact, while one runs
 
     def add(self, rule, device, expected, actual, message):
         severity, remediation, _ = RULES[rule]
@@ -114,7 +125,23 @@ class VolumeAudit:
         self._crypttab_rules()
         self._fstab_rules(top, mount)
         self._key_rules()
+        self._naming_rules()
+        summary["reencryption"] = self.reencryption
         return self.findings, summary
+
+    def _naming_rules(self):
+        names = self.facts.get("device_names", {})
+        for device in self.volume["devices"]:
+            fact = names.get(device) or {}
+            if fact.get("unstable") and fact.get("stable"):
+                self.add(
+                    "HANA-LAYOUT-006",
+                    device,
+                    fact["stable"][0],
+                    device,
+                    f"hana:storage:volumes:{self.volume['name']}:devices names {device}, a name the "
+                    f"kernel may give another disk at the next boot; name it {fact['stable'][0]}",
+                )
 
     def _mount(self):
         mounts = [m for m in self.facts.get("mounts", []) if m["mountpoint"] == self.volume["mountpoint"]]
@@ -156,6 +183,16 @@ class VolumeAudit:
         for crypt in info["crypts"]:
             self._crypt_rules(self.devices[crypt])
         self._health_rules(info)
+        for name in info.get("direct_paths", []):
+            path = self.devices[name]["path"]
+            self.add(
+                "HANA-LAYOUT-005",
+                path,
+                "the LUN's multipath map (/dev/mapper/...)",
+                f"one path: {path}",
+                f"{self.volume['mountpoint']} uses {path}, one path of a multipath LUN: when that path "
+                "fails, I/O fails although the LUN is still reachable over the others",
+            )
         if (
             info["layer"] in ("above_lvm", "below_lvm", "mixed")
             and info["layer"] != self.volume["encryption"]
@@ -223,6 +260,11 @@ class VolumeAudit:
                 f"{path}: LUKS2 header degraded ({'; '.join(f'{k}: {v}' for k, v in bad.items())}); "
                 "back it up (cryptsetup luksHeaderBackup) and repair it",
             )
+        reencryption = (header or {}).get("reencryption")
+        underway = _reencryption_text(reencryption) if reencryption else None
+        note = f" ({underway})" if underway else ""
+        if reencryption:
+            self.reencryption[path] = reencryption
         if header and header["version"] != 2:
             self.add(
                 "HANA-ENC-002",
@@ -238,7 +280,7 @@ class VolumeAudit:
                 path,
                 luks["cipher"],
                 segment["cipher"],
-                f"{path} encrypts with {segment['cipher']}, the policy asks for {luks['cipher']}",
+                f"{path} encrypts with {segment['cipher']}, the policy asks for {luks['cipher']}{note}",
             )
         if segment["key_bits"] < luks["key_size"]:
             self.add(
@@ -246,7 +288,7 @@ class VolumeAudit:
                 path,
                 luks["key_size"],
                 segment["key_bits"],
-                f"{path} has a {segment['key_bits']}-bit key, below the policy's {luks['key_size']} bits",
+                f"{path} has a {segment['key_bits']}-bit key, below the policy's {luks['key_size']} bits{note}",
             )
         if header:
             self._kdf_rules(path, header)
@@ -257,13 +299,15 @@ class VolumeAudit:
                 luks["sector_size"],
                 segment["sector_size"],
                 f"{path} uses {segment['sector_size']}-byte sectors, the policy asks for {luks['sector_size']} "
-                "(re-encryption needed: cryptsetup reencrypt --sector-size)",
+                + f"({underway or 're-encryption needed: cryptsetup reencrypt --sector-size'})",
             )
         self._flag_rules(path, segment, header)
 
     def _kdf_rules(self, path, header):
-        weak = [
-            f"keyslot {s['id']}: {_kdf_text(s['kdf'])}" for s in header["keyslots"] if self._weak(s["kdf"])
+        weak = [  # a keyslot without a KDF holds no key (a re-encryption's reencrypt keyslot)
+            f"keyslot {s['id']}: {_kdf_text(s['kdf'])}"
+            for s in header["keyslots"]
+            if s.get("kdf") is not None and self._weak(s["kdf"])
         ]
         if weak:
             minimum = self.plan.get("compliance", {}).get("min_pbkdf", {})
@@ -510,6 +554,26 @@ class VolumeAudit:
                 f"key file {key['file']} is readable by others than root (mode {fact['mode']:04o}, "
                 f"uid {fact['uid']})",
             )
+
+
+def _reencryption_text(fact):
+    """A LUKS2 re-encryption in progress in words: what a finding it explains says about it."""
+    target = fact.get("target") or {}
+    goal = ", ".join(
+        part
+        for part in (
+            target.get("encryption") and f"to {target['encryption']}",
+            target.get("sector_size") and f"{target['sector_size']}-byte sectors",
+        )
+        if part
+    )
+    how = ", ".join(str(fact[k]) for k in ("mode", "direction") if fact.get(k))
+    return (
+        "LUKS2 re-encryption in progress"
+        + (f" {goal}" if goal else "")
+        + (f" ({how})" if how else "")
+        + ": cryptsetup reencrypt --resume-only continues it if it is not running"
+    )
 
 
 def _kdf_text(kdf):

@@ -9,6 +9,7 @@ import copy
 
 LVM_UUID_PREFIX = "LVM-"
 CRYPT_UUID_PREFIX = "CRYPT-"
+MULTIPATH_UUID_PREFIX = "mpath-"  # what multipathd names its maps' dm UUIDs
 
 
 def build_devices(sysfs, tables, mounts):
@@ -31,6 +32,7 @@ def build_devices(sysfs, tables, mounts):
             "slaves": sorted(info.get("slaves", [])),
             "holders": sorted(info.get("holders", [])),
             "partition_of": info.get("partition_of"),
+            "wwid": info.get("wwid") or "",
             "table": table,
             "mountpoints": [],
         }
@@ -53,6 +55,10 @@ def _kind(name, info, table):
             return "crypt"
         if (info["dm"].get("uuid") or "").startswith(LVM_UUID_PREFIX):
             return "lv"
+        if (info["dm"].get("uuid") or "").startswith(MULTIPATH_UUID_PREFIX) or any(
+            segment["target"] == "multipath" for segment in table
+        ):
+            return "multipath"
         return "dm"
     if info.get("partition_of"):
         return "partition"
@@ -103,6 +109,28 @@ def unencrypted_leaves(devices, top):
     return sorted(leaves)
 
 
+def direct_paths(devices, top):
+    """Disks of the stack that are one path of a multipath LUN used without its map: held by a
+    multipath map, or sharing their WWID with another disk (the LUN's other path), and reached
+    from a device that is not a multipath map. I/O on one path loses the others' redundancy."""
+    found = set()
+    for name in stack(devices, top):
+        if devices[name]["kind"] == "multipath":
+            continue
+        for slave in devices[name]["slaves"]:
+            disk = devices.get(slave)
+            if not disk or disk["kind"] != "disk":
+                continue
+            held = any(devices.get(h, {}).get("kind") == "multipath" for h in disk["holders"])
+            twins = disk["wwid"] and any(
+                o["wwid"] == disk["wwid"] and o["name"] != slave and o["kind"] == "disk"
+                for o in devices.values()
+            )
+            if held or twins:
+                found.add(slave)
+    return sorted(found)
+
+
 def encryption_layer(devices, top):
     """'above_lvm', 'below_lvm', 'no_lvm' (crypt, no LV), 'mixed', or None (no crypt at all)."""
     names = stack(devices, top)
@@ -131,6 +159,7 @@ def describe(devices, top):
         "disks": [n for n in names if not devices[n]["slaves"]],
         "layer": encryption_layer(devices, top),
         "unencrypted": unencrypted_leaves(devices, top),
+        "direct_paths": direct_paths(devices, top),
     }
 
 

@@ -13,7 +13,11 @@ import statistics
 
 import pytest
 
-from tests.conftest import REPO, pytest_sessionfinish  # noqa: F401 - quiet Salt's deferred log handler
+from tests.conftest import (  # noqa: F401 - the Salt roots per venv; quiet Salt's deferred log handler
+    REPO,
+    pytest_sessionfinish,
+    salt_factories_default_root_dir,
+)
 
 OUT = REPO / "build" / "bench"
 ROWS = []

@@ -34,12 +34,12 @@ import time
 import urllib.request
 
 import hana_storage_rules as rules
-import salt.crypt
 import salt.utils.event
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests import beacon_events
 from tests.conftest import REPO, shipped_reactor
+from tests.support.keys import keypair
 
 REACTOR = shipped_reactor()
 
@@ -101,10 +101,10 @@ def simulated_fleet(master, limit=None):
     pub, pem = REPO / "build" / "bench" / "sim.pub", REPO / "build" / "bench" / "sim.pem"
     pub.parent.mkdir(parents=True, exist_ok=True)
     if not pem.exists():
-        private, public = salt.crypt.gen_keys(2048)
+        private, public = keypair()
         pem.write_text(private)
         pub.write_text(public)
-    key = salt.crypt.PrivateKey.from_file(str(pem))
+    key = str(pem)
     minions_dir = f"{pki}/minions"
     violations, audits, now = [], [], time.time()
     for m in range(MINIONS):

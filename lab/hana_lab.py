@@ -31,7 +31,10 @@ import time
 REPO = pathlib.Path(__file__).resolve().parent.parent
 DEFAULT_DIR = REPO / "build" / "lab"
 LOCK = "/tmp/hana-storage-lab.lock"  # two cores: one VM at a time, machine-wide
-VENV_BIN = REPO / ".venv" / "bin"
+# The guest runs the Salt of the venv the lab runs from (make test-vm runs the events test on the
+# oldest Salt line's venv); run outside a venv, the newest line's .venv.
+VENV = pathlib.Path(sys.prefix) if sys.prefix != sys.base_prefix else REPO / ".venv"
+VENV_BIN = VENV / "bin"
 
 AGENT = r"""#!/bin/sh
 # In-guest agent: run cmd.N files in order, write out.N and rc.N; stop on 'quit'.
@@ -79,14 +82,14 @@ def python_root():
 
 def runtime_image():
     """An ext4 image holding the interpreter and the venv, rebuilt when requirements change."""
-    image = REPO / "build" / "lab-runtime.img"
-    stamp = REPO / "build" / "lab-runtime.stamp"
+    image = REPO / "build" / f"lab-runtime{VENV.name}.img"
+    stamp = image.with_suffix(".stamp")
     pyroot = python_root()
-    want = f"{pyroot}\n{(REPO / 'requirements.txt').read_text()}"
+    want = f"{pyroot}\n{VENV}\n{sorted(p.name for p in VENV.glob('.lock-*'))}"
     if image.exists() and stamp.exists() and stamp.read_text() == want:
         return image
-    say("building the lab's Python runtime disk (once per requirements.txt)")
-    staging = REPO / "build" / "lab-runtime.d"
+    say(f"building the lab's Python runtime disk from {VENV.name} (once per lock)")
+    staging = REPO / "build" / f"lab-runtime{VENV.name}.d"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     for src, dest in ((pyroot, "pyenv"), (VENV_BIN.parent, "venv")):
@@ -144,8 +147,12 @@ class Lab:
         fresh=True,
         verbose=True,
         network=False,
+        paths=1,
     ):
         self.disks, self.disk_size = disks, disk_size
+        # paths=2: every disk image is attached twice, both with the serial lun<N>, as a SAN LUN
+        # reaches a host over two paths: the first paths are vda.., the second follow them
+        self.paths = paths
         self.workdir = pathlib.Path(workdir).resolve()
         self.memory, self.cpus = memory, cpus
         self.boot_timeout, self.fresh, self.verbose = boot_timeout, fresh, verbose
@@ -191,7 +198,15 @@ class Lab:
         (self.shared / "agent.sh").write_text(agent)
         runtime = runtime_image()
         os.makedirs("/hana", exist_ok=True)  # --overlay-rwdir needs the directory on the host
-        drives = " ".join(f"-drive file={p},format=raw,if=virtio,cache=unsafe" for p in self.disk_paths())
+        if self.paths == 1:
+            drives = " ".join(f"-drive file={p},format=raw,if=virtio,cache=unsafe" for p in self.disk_paths())
+        else:
+            drives = " ".join(
+                f"-drive file={p},format=raw,if=none,id=d{i}p{n},cache=unsafe,file.locking=off "
+                f"-device virtio-blk-pci,drive=d{i}p{n},share-rw=on,serial=lun{i}"
+                for n in range(self.paths)
+                for i, p in enumerate(self.disk_paths())
+            )
         drives += (
             f" -device virtio-scsi-pci,id=rtscsi -drive file={runtime},format=raw,if=none,id=rt,readonly=on"
             " -device scsi-hd,drive=rt,bus=rtscsi.0"

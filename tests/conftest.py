@@ -3,11 +3,23 @@
 import pathlib
 import sys
 
+import pytest
+
 REPO = pathlib.Path(__file__).resolve().parent.parent
 for sub in ("_utils", "lab"):
     path = str(REPO / sub)
     if path not in sys.path:
         sys.path.insert(0, path)
+
+
+@pytest.fixture(scope="session")
+def salt_factories_default_root_dir():
+    """One root per venv (Salt line): pytest-salt-factories writes its daemon scripts there once,
+    with that venv's site-packages baked in, and a second line must not start the first one's Salt.
+    Short, under /tmp: Salt's unix sockets live below it."""
+    root = pathlib.Path("/tmp") / f"hsf{pathlib.Path(sys.prefix).name}"
+    root.mkdir(mode=0o700, exist_ok=True)
+    return root
 
 
 def shipped_reactor():

@@ -7,7 +7,10 @@ import pytest
 pytestmark = pytest.mark.integration
 
 KEY = base64.b64encode(b"\x01" * 64).decode()
+GATE = "hana_storage_|-hana-storage-pillar-valid_|-hana-storage-pillar-valid_|-pillar_valid"
+NO_PACKAGES = {"install": False}  # the test host's packages are make deps' business
 GOOD = {
+    "packages": NO_PACKAGES,
     "key": {"source": "pillar", "material": KEY},
     "volumes": {
         "data": {"mountpoint": "/hana/data", "devices": ["/dev/vdx0", "/dev/vdx1"]},
@@ -63,14 +66,16 @@ def test_bad_pillar_errors_name_key_paths_and_hide_the_key(minion, set_pillar):
 
 
 def test_state_apply_with_invalid_pillar_touches_nothing(minion, set_pillar):
-    set_pillar({"volumes": {"data": {"mountpoint": "/", "devices": ["/dev/vdx0"]}}})
+    """Only the packages (they touch no device) and the gate run; every device state is absent."""
+    set_pillar({"packages": NO_PACKAGES, "volumes": {"data": {"mountpoint": "/", "devices": ["/dev/vdx0"]}}})
     ret = minion.salt_call_cli(timeout=120).run("state.apply", "hana.storage")
     assert ret.returncode != 0
     states = ret.data
-    assert list(states) == [
-        "hana_storage_|-hana-storage-pillar-valid_|-hana-storage-pillar-valid_|-pillar_valid"
+    assert sorted(states) == [
+        GATE,
+        "test_|-hana-storage-packages_|-hana-storage-packages_|-show_notification",
     ]
-    state = next(iter(states.values()))
+    state = states[GATE]
     assert state["result"] is False and state["changes"] == {}
     assert "hana:storage:volumes:data:mountpoint: / is a system directory" in state["comment"]
 
@@ -80,8 +85,19 @@ def test_state_apply_with_valid_pillar_on_the_test_host(minion, set_pillar):
     set_pillar(GOOD)
     ret = minion.salt_call_cli(timeout=300).run("state.apply", "hana.storage", test=True)
     states = ret.data
-    gate = states["hana_storage_|-hana-storage-pillar-valid_|-hana-storage-pillar-valid_|-pillar_valid"]
+    gate = states[GATE]
     assert gate["result"] is False and "does not exist on this host" in gate["comment"]
-    others = [s for s in states.values() if s is not gate]
+    others = [s for s in states.values() if s is not gate and "packages" not in s["__id__"]]
     assert others and all(s["result"] is False and s["changes"] == {} for s in others)
     assert all("requisite failed" in s["comment"] for s in others)
+
+
+def test_packages_for_this_host_through_real_salt(minion, set_pillar):
+    """The package map rendered and checked by the real pkg and pip states (test=True: nothing is
+    installed): everything make deps installed is reported in place, the libraries in Salt's Python."""
+    set_pillar(dict(GOOD, packages={"install": True}))
+    ret = minion.salt_call_cli(timeout=300).run("state.sls", "hana.storage.packages", test=True)
+    states = {s["__id__"]: s for s in ret.data.values()}
+    assert states["hana-storage-packages"]["result"] is True, states["hana-storage-packages"]
+    assert "already installed" in states["hana-storage-packages"]["comment"]
+    assert states["hana-storage-python-libraries"]["result"] is True, states["hana-storage-python-libraries"]

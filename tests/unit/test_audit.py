@@ -153,6 +153,7 @@ def test_stack_model_of_the_recording():
         "disks": ["vda", "vdb"],
         "layer": "above_lvm",
         "unencrypted": [],
+        "direct_paths": [],
     }
     log = stack.describe(devices, "dm-4")
     assert log["layer"] == "below_lvm" and log["crypts"] == ["dm-2", "dm-3"]
@@ -180,6 +181,7 @@ def test_compliant_host_has_no_findings():
         "compliant": True,
         "rules": [],
         "stack": ["dm-1", "dm-0", "vda", "vdb"],
+        "reencryption": {},
     }
     assert report["volumes"]["log"]["crypt"] == ["hana_log_0", "hana_log_1"]
 
@@ -210,6 +212,16 @@ def as_luks1(facts):
     facts["headers"]["dm-0"] = dict(header("hdr-vde.bin"), uuid=facts["headers"]["dm-0"]["uuid"])
 
 
+def on_one_path_of_a_lun(facts):
+    """vda is one path of a SAN LUN whose other path, sdz, the host sees too: no multipath map."""
+    devices = facts["devices"]
+    devices["vda"]["wwid"] = "naa.600a098038304437"
+    devices["sdz"] = dict(
+        copy.deepcopy(devices["vda"]), name="sdz", dev="65:144", path="/dev/sdz", holders=[]
+    )
+    facts["stacks"] = {name: stack.describe(devices, name) for name in devices}
+
+
 BREAKS = {
     "HANA-ENC-002": as_luks1,
     "HANA-ENC-003": lambda f: crypt_segment(f).update(cipher="aes-cbc-essiv:sha256"),
@@ -230,11 +242,20 @@ BREAKS = {
     "HANA-LAYOUT-001": lambda f: f["lvm"][0].update(stripe_size=65536),
     "HANA-LAYOUT-003": lambda f: f["superblocks"]["dm-1"].update(sunit_bytes=0, swidth_bytes=0),
     "HANA-LAYOUT-004": lambda f: f["devices"]["dm-0"].update(suspended=True),
+    "HANA-LAYOUT-005": on_one_path_of_a_lun,
+    "HANA-LAYOUT-006": lambda f: f.update(
+        device_names={"/dev/vda": {"unstable": True, "stable": ["/dev/disk/by-id/virtio-lun0"]}}
+    ),
     "HANA-PERSIST-001": lambda f: f["crypttab"][0].update(options=["luks"]),
     "HANA-PERSIST-002": lambda f: f["fstab"][0].update(options=["noatime"]),
     "HANA-KEY-001": lambda f: f["key_files"][KEY_FILE].update(mode=0o644),
 }
-DEVICE = {"HANA-KEY-001": KEY_FILE, "HANA-LAYOUT-001": "/dev/mapper/vg_a-lv_a"}
+DEVICE = {
+    "HANA-KEY-001": KEY_FILE,
+    "HANA-LAYOUT-001": "/dev/mapper/vg_a-lv_a",
+    "HANA-LAYOUT-005": "/dev/vda",
+    "HANA-LAYOUT-006": "/dev/vda",
+}
 # what else is true of the broken fact: LUKS1 keyslots are always PBKDF2; the key file is shared
 ALSO = {
     "HANA-ENC-002": [("HANA-ENC-006", "data", "/dev/mapper/hana_data")],
@@ -254,6 +275,35 @@ def test_plain_mapping_is_enc_005():
     facts = compliant()
     facts["devices"]["dm-1"]["crypt_type"] = "PLAIN"
     assert found(facts) == [("HANA-ENC-005", "data", "/dev/mapper/hana_data")]
+
+
+def test_a_reencryption_in_progress_is_a_fact_not_a_finding():
+    """The sector-size re-encryption HANA-PERF-001 asks for, initialised by cryptsetup
+    (tests/unit/data/luks2-reencrypt): the reencrypt keyslot (no kdf) is neither an unreadable
+    header (HANA-ENC-005) nor a weak KDF (HANA-ENC-006); the volume says the re-encryption runs,
+    and PERF-001 (still true until it ends) says so instead of asking for one."""
+    facts = compliant()
+    recorded = header("../luks2-reencrypt/hdr-init-only.bin")
+    facts["headers"]["dm-0"] = dict(
+        recorded, uuid=facts["headers"]["dm-0"]["uuid"], flags=["no-read-workqueue", "no-write-workqueue"]
+    )
+    crypt_segment(facts).update(sector_size=512)  # the dm table until the re-encryption ends
+    report = rules.audit(plan_of(PILLAR), facts)
+    assert [(f["rule"], f["device"]) for f in report["findings"]] == [
+        ("HANA-PERF-001", "/dev/mapper/hana_data")
+    ]
+    (perf,) = report["findings"]
+    assert perf["message"] == (
+        "/dev/mapper/hana_data uses 512-byte sectors, the policy asks for 4096 (LUKS2 re-encryption in "
+        "progress to aes-xts-plain64, 4096-byte sectors (reencrypt, forward): cryptsetup reencrypt "
+        "--resume-only continues it if it is not running)"
+    )
+    assert report["volumes"]["data"]["reencryption"] == {"/dev/mapper/hana_data": recorded["reencryption"]}
+    assert report["volumes"]["log"]["reencryption"] == {}
+    # the same header once the re-encryption is through: the fact goes, PERF-001 with it
+    facts["headers"]["dm-0"]["reencryption"] = None
+    crypt_segment(facts).update(sector_size=4096)
+    assert rules.audit(plan_of(PILLAR), facts)["compliant"] is True
 
 
 def test_layout_002_when_pillar_says_the_other_layer():
@@ -323,3 +373,17 @@ def test_pillar_key_file_expected_in_crypttab():
 def test_every_rule_has_a_test():
     tested = set(BREAKS) | {"HANA-ENC-001", "HANA-ENC-005", "HANA-LAYOUT-002", "HANA-MOUNT-001"}
     assert tested == set(rules.RULES)
+
+
+def test_a_multipath_map_is_its_own_kind_and_its_paths_are_fine_behind_it():
+    sysfs = {
+        "dm-9": {"dev": "253:9", "size": 8, "slaves": ["sdb", "sdc"], "holders": [], "partition_of": None,
+                 "dm": {"name": "mpatha", "uuid": "mpath-3600a098038304437", "suspended": False}},
+        "sdb": {"dev": "8:16", "size": 8, "slaves": [], "holders": ["dm-9"], "partition_of": None, "dm": None,
+                "wwid": "naa.600a098038304437"},
+        "sdc": {"dev": "8:32", "size": 8, "slaves": [], "holders": ["dm-9"], "partition_of": None, "dm": None,
+                "wwid": "naa.600a098038304437"},
+    }  # fmt: skip
+    devices = stack.build_devices(sysfs, {}, [])
+    assert devices["dm-9"]["kind"] == "multipath" and devices["dm-9"]["path"] == "/dev/mapper/mpatha"
+    assert stack.direct_paths(devices, "dm-9") == []

@@ -401,3 +401,24 @@ def test_host_checks(device, fact, words):
     facts["devices"][device] = fact
     errors = errors_of(GOOD, facts)
     assert any(e.startswith("hana:storage:volumes:shared:devices:0:") and words in e for e in errors), errors
+
+
+@pytest.mark.parametrize(
+    "systemd,options",
+    [
+        ("239", ["luks"]),  # RHEL 8
+        ("246", ["luks"]),  # SLES 15 SP3
+        ("248", ["luks", "no-read-workqueue", "no-write-workqueue"]),
+        ("252", ["luks", "no-read-workqueue", "no-write-workqueue"]),  # RHEL 9, Debian 12
+        (None, ["luks", "no-read-workqueue", "no-write-workqueue"]),
+    ],
+)
+def test_crypttab_options_are_what_the_hosts_systemd_understands(systemd, options):
+    config = hp.merge(
+        DEFAULTS,
+        {
+            "key": {"source": "keyfile", "path": "/k"},
+            "volumes": {"data": {"mountpoint": "/hana/data", "devices": ["/dev/vda"]}},
+        },
+    )
+    assert hp.normalize(config, systemd)["volumes"]["data"]["crypttab_options"] == options

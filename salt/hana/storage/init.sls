@@ -4,6 +4,7 @@
 # order the steps per volume (LVM before LUKS above LVM, LUKS before LVM below it).
 ---
 include:
+  - .packages
   - .validate
   - .keys
   - .guard

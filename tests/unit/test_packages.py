@@ -1,0 +1,80 @@
+"""The package map (salt/hana/storage/packages.jinja) for every distribution, rendered by Salt's
+own Jinja (import_yaml through the file client, slsutil.merge), and the SLS it drives."""
+
+import pytest
+import salt.config
+import salt.utils.data
+import salt.utils.dictupdate
+import salt.utils.templates
+import salt.utils.yaml
+
+from tests.conftest import REPO
+
+EXPECT = {
+    "Suse": ["cryptsetup", "lvm2", "xfsprogs", "device-mapper", "multipath-tools", "fio"],
+    "RedHat": ["cryptsetup", "lvm2", "xfsprogs", "device-mapper", "device-mapper-multipath", "fio"],
+    "Debian": ["cryptsetup-bin", "lvm2", "xfsprogs", "dmsetup", "multipath-tools", "fio"],
+}
+
+
+def render(tmp_path, template, os_family, pillar=None, python="/opt/saltstack/salt/bin/python3.10"):
+    opts = salt.config.minion_config(None)
+    opts.update(
+        file_client="local",
+        file_roots={"base": [str(REPO / "salt")]},
+        cachedir=str(tmp_path),
+        pillar=pillar or {},
+    )
+    functions = {
+        "slsutil.merge": lambda a, b: salt.utils.dictupdate.merge(a, b, merge_lists=False),
+        "pillar.get": lambda key, default=None: salt.utils.data.traverse_dict_and_list(
+            pillar or {}, key, default
+        ),
+    }
+    context = {
+        "opts": opts,
+        "saltenv": "base",
+        "grains": {"os_family": os_family, "pythonexecutable": python},
+        "pillar": pillar or {},
+        "salt": functions,
+    }
+    text = (REPO / "salt" / "hana" / "storage" / template).read_text()
+    return salt.utils.templates.render_jinja_tmpl(
+        text, context, tmplpath=str(REPO / "salt" / "hana" / "storage" / template)
+    )
+
+
+@pytest.mark.parametrize("family", sorted(EXPECT))
+def test_each_family_gets_its_own_package_names_and_pip_for_salts_python(tmp_path, family):
+    states = salt.utils.yaml.safe_load(render(tmp_path, "packages.sls", family))
+    packages = states["hana-storage-packages"]["pkg.installed"]
+    assert {"pkgs": EXPECT[family]} in packages and {"reload_modules": True} in packages
+    python = states["hana-storage-python-libraries"]["pip.installed"]
+    assert {"pkgs": ["jsonschema", "pyroute2"]} in python
+
+
+@pytest.mark.parametrize("family", ["Suse", "RedHat"])
+def test_salt_on_the_system_python_gets_distribution_packages_not_pip(tmp_path, family):
+    states = salt.utils.yaml.safe_load(render(tmp_path, "packages.sls", family, python="/usr/bin/python3.6"))
+    assert {"pkgs": ["python3-jsonschema", "python3-pyroute2"]} in states["hana-storage-python-libraries"][
+        "pkg.installed"
+    ]
+
+
+def test_the_pillar_overrides_the_map(tmp_path):
+    pillar = {"hana": {"storage": {"packages": {"system": ["cryptsetup"], "python": ["jsonschema<5"]}}}}
+    states = salt.utils.yaml.safe_load(render(tmp_path, "packages.sls", "Suse", pillar=pillar))
+    assert {"pkgs": ["cryptsetup"]} in states["hana-storage-packages"]["pkg.installed"]
+    assert {"pkgs": ["jsonschema<5"]} in states["hana-storage-python-libraries"]["pip.installed"]
+    off = {"hana": {"storage": {"packages": {"install": False}}}}
+    states = salt.utils.yaml.safe_load(render(tmp_path, "packages.sls", "Suse", pillar=off))
+    assert (
+        list(states) == ["hana-storage-packages"]
+        and "test.show_notification" in states["hana-storage-packages"]
+    )
+
+
+def test_an_unsupported_family_fails_with_a_reason(tmp_path):
+    states = salt.utils.yaml.safe_load(render(tmp_path, "packages.sls", "Arch"))
+    (fail,) = states["hana-storage-packages"]["test.fail_without_changes"]
+    assert "SLES and RHEL" in fail["name"]

@@ -1,0 +1,210 @@
+"""The Power10 seed's layouts on multipath SAN LUNs, on a real kernel, and a boot without Salt.
+
+Eight LUNs, each a disk image attached twice (two paths, the same serial), with a dm-multipath
+map per LUN named as multipathd names them (/dev/mapper/mpatha .. mpathh, dm UUID mpath-<wwid>);
+LVM sees only the maps (lvm.conf global_filter, as a real multipath host must). A ninth LUN has
+no map: its paths stand for a host where multipath is not set up.
+
+- above LVM: one LUKS2 on an LV striped -i 8 -I 128k over the eight maps;
+- below LVM: LUKS2 on each map, the opened devices as PVs, the LV striped over them;
+each built by state.apply, audited compliant, then closed and brought back the way the host
+boots - systemd-cryptsetup for each /etc/crypttab line, LVM activation, the mounts of
+/etc/fstab - with no Salt, and audited compliant again.
+"""
+
+import json
+
+import pytest
+import yaml
+
+from tests.vm.conftest import boot
+
+pytestmark = pytest.mark.vm
+
+LUNS = 8
+DISKS = LUNS + 1  # the ninth LUN has no multipath map
+MAPS = [f"mpath{chr(ord('a') + i)}" for i in range(LUNS)]
+KEY_FILE = "/etc/hana-storage/keys/hana.key"
+LVM_CONF = 'devices {\n  global_filter = [ "a|^/dev/mapper/|", "r|.*|" ]\n}\n'
+
+
+def path(lun, n):
+    """Guest device of path n (0, 1) of a LUN: first paths vda.., then the second ones."""
+    return "/dev/vd" + "abcdefghijklmnopqrstuvwxyz"[lun + n * DISKS]
+
+
+def create_maps():
+    return "modprobe -a dm-multipath dm-round-robin\n" + "".join(
+        f'dmsetup create {name} -u mpath-lun{i} --table "0 $(blockdev --getsz {path(i, 0)}) multipath '
+        f'0 0 1 1 round-robin 0 2 1 {path(i, 0)} 1 {path(i, 1)} 1"\n'
+        for i, name in enumerate(MAPS)
+    )
+
+
+def pillar(vm, volumes):
+    storage = yaml.safe_load(vm.pillar())["hana"]["storage"]
+    storage["key"] = {"source": "keyfile", "path": KEY_FILE}  # unlocks at boot, no Salt needed
+    storage["volumes"] = volumes
+    return yaml.safe_dump({"hana": {"storage": storage}})
+
+
+SEED_ABOVE = {
+    "data": {"mountpoint": "/hana/data", "devices": [f"/dev/mapper/{m}" for m in MAPS], "stripe_size": 128}
+}
+SEED_BELOW = {
+    "log": {
+        "mountpoint": "/hana/log",
+        "devices": [f"/dev/mapper/{m}" for m in MAPS],
+        "encryption": "below_lvm",
+        "stripe_size": 128,
+        "allow_format": [f"/dev/mapper/{m}" for m in MAPS],  # they hold the above-LVM layout's PVs
+    }
+}
+
+# The host's boot path, no Salt: LVM activation, systemd-cryptsetup for every crypttab line (a
+# UUID= resolved to the multipath map, as udev's by-uuid link would: never to one of its paths),
+# LVM again (below LVM the PVs appear only now), then every XFS mount of /etc/fstab.
+BOOT = r"""set -u
+attach() {
+  while read -r name dev key opts; do
+    case "$name" in ''|'#'*) continue;; esac
+    [ -e "/dev/mapper/$name" ] && continue
+    case "$dev" in UUID=*)
+      found=$(blkid -t "$dev" -o device | grep -m1 '^/dev/mapper/' || blkid -t "$dev" -o device | head -n1);;
+    *) found=$dev;; esac
+    [ -n "$found" ] || continue
+    echo "attach $name $found $opts"
+    /lib/systemd/systemd-cryptsetup attach "$name" "$found" "$key" "$opts" 2>&1 || echo "ATTACH FAILED $name"
+  done </etc/crypttab
+}
+vgchange -q -ay >/dev/null 2>&1; attach; vgchange -q -ay >/dev/null 2>&1
+for point in $(awk '$3 == "xfs" {print $2}' /etc/fstab); do mount "$point" && echo "mounted $point"; done
+"""
+
+
+def close_all(vm, mountpoint, vg):
+    vm.run(
+        f"set -e; umount {mountpoint}\n"
+        # above LVM the crypt device sits on the LV, below it under it: close, deactivate, close
+        "crypts() { dmsetup ls --target crypt | awk '$1 != \"No\" {print $1}'; }\n"
+        "for m in $(crypts); do cryptsetup close $m 2>/dev/null || true; done\n"
+        f"vgchange -q -an {vg}\n"
+        "for m in $(crypts); do cryptsetup close $m; done\n"
+        + "".join(f"dmsetup remove {m}\n" for m in MAPS)
+        + create_maps(),  # the maps come back at boot (multipathd)
+        check=True,
+        title=f"closing {mountpoint}, its crypt devices, {vg} and the multipath maps (a reboot)",
+    )
+
+
+@pytest.fixture(scope="module")
+def vm(request):
+    vm = boot(request, disks=DISKS, disk_size="1G", paths=2)
+    vm.run(
+        create_maps() + "mkdir -p /etc/lvm /etc/hana-storage/keys\n",
+        check=True,
+        title="multipath maps over 8 LUNs",
+    )
+    vm.write("/etc/lvm/lvm.conf", LVM_CONF)
+    vm.run(f"echo {vm.key_b64()} | base64 -d >{KEY_FILE} && chmod 0400 {KEY_FILE}", check=True, echo=False)
+    vm.setup_salt(pillar(vm, SEED_ABOVE))
+    return vm
+
+
+def test_each_lun_is_one_map_over_two_paths(vm):
+    out = vm.run(
+        f"echo $(cat /sys/block/vda/serial) $(cat /sys/block/{path(0, 1)[5:]}/serial); dmsetup table mpatha",
+        echo=False,
+    ).output
+    assert out.split()[:2] == ["lun0", "lun0"] and " multipath " in out
+
+
+@pytest.fixture(scope="module")
+def above(vm):
+    return vm.salt("state.apply hana.storage", title="state.apply: above LVM, -i 8 -I 128k over 8 maps")
+
+
+def test_above_lvm_on_eight_luns_builds_and_audits_compliant(vm, above):
+    assert above.retcode == 0, [s["comment"] for s in above.ret.values() if s["result"] is not True]
+    lv = vm.salt("hana_storage.dm_tables", check=True).ret["vg_hana_data-lv_hana_data"][0]
+    assert lv["target"] == "striped" and lv["stripes"] == 8 and lv["chunk_bytes"] == 128 * 1024
+    devices = vm.run("lvs --noheadings -o devices vg_hana_data", echo=False).output
+    assert all(f"/dev/mapper/{m}(" in devices for m in MAPS), devices
+    audit = vm.salt("hana_storage.audit", check=True).ret
+    assert audit["compliant"] is True, [f["message"] for f in audit["findings"]]
+
+
+def boots_without_salt(vm, mountpoint, vg):
+    vm.run(f"head -c 4M /dev/urandom >{mountpoint}/keep.bin && sync", check=True, echo=False)
+    before = vm.run(f"sha256sum {mountpoint}/keep.bin", echo=False).output
+    close_all(vm, mountpoint, vg)
+    assert vm.run(f"findmnt {mountpoint}", echo=False).rc != 0
+    out = vm.run(BOOT, title="booting the storage without Salt: systemd-cryptsetup, LVM, fstab").output
+    assert "ATTACH FAILED" not in out and f"mounted {mountpoint}" in out, out
+    lowered = out.lower()
+    assert "unknown" not in lowered and "ignoring" not in lowered, out  # every crypttab option accepted
+    assert vm.run(f"sha256sum {mountpoint}/keep.bin", echo=False).output == before
+    audit = vm.salt("hana_storage.audit", check=True).ret
+    assert audit["compliant"] is True, [f["message"] for f in audit["findings"]]
+    return out
+
+
+def test_above_lvm_boots_without_salt(vm, above):
+    out = boots_without_salt(vm, "/hana/data", "vg_hana_data")
+    assert "attach hana_data /dev/mapper/vg_hana_data-lv_hana_data" in out
+
+
+@pytest.fixture(scope="module")
+def below(vm, above):
+    vm.run("umount /hana/data && cryptsetup close hana_data && vgchange -q -an vg_hana_data", check=True)
+    vm.set_pillar(pillar(vm, SEED_BELOW))
+    return vm.salt("state.apply hana.storage", title="state.apply: below LVM, LUKS2 on each of 8 maps")
+
+
+def test_below_lvm_on_eight_luns_builds_and_audits_compliant(vm, below):
+    assert below.retcode == 0, [s["comment"] for s in below.ret.values() if s["result"] is not True]
+    tables = vm.salt("hana_storage.dm_tables", check=True).ret
+    for i, name in enumerate(MAPS):
+        (crypt,) = tables[f"hana_log_{i}"]
+        assert crypt["sector_size"] == 4096 and crypt["flags"] == ["no_read_workqueue", "no_write_workqueue"]
+        assert (
+            vm.run(f"cryptsetup status hana_log_{i} | grep device:", echo=False).output.split()[-1]
+            == f"/dev/mapper/{name}"
+        )
+    lv = tables["vg_hana_log-lv_hana_log"][0]
+    assert lv["stripes"] == 8 and lv["chunk_bytes"] == 128 * 1024
+
+
+def test_below_lvm_boots_without_salt(vm, below):
+    out = boots_without_salt(vm, "/hana/log", "vg_hana_log")
+    assert all(f"attach hana_log_{i} /dev/mapper/{m}" in out for i, m in enumerate(MAPS)), out
+
+
+def test_one_path_of_a_lun_used_directly_is_layout_005(vm, below):
+    """The ninth LUN has no map: LUKS opened on one of its paths is what a host without
+    multipath set up ends with."""
+    direct = path(LUNS, 0)
+    vm.run(
+        f"set -e; cryptsetup luksFormat -q --type luks2 --pbkdf pbkdf2 --pbkdf-force-iterations 1000 "
+        f"--sector-size 4096 --key-file {KEY_FILE} {direct}\n"
+        f"cryptsetup open --key-file {KEY_FILE} {direct} hana_direct && mkfs.xfs -q /dev/mapper/hana_direct\n"
+        "mkdir -p /hana/direct && mount /dev/mapper/hana_direct /hana/direct",
+        check=True,
+    )
+    volume = {"direct": {"mountpoint": "/hana/direct", "devices": [direct], "crypt_name": "hana_direct"}}
+    storage = yaml.safe_load(pillar(vm, volume))["hana"]["storage"]
+    audit = vm.salt(f"hana_storage.audit pillar='{json.dumps(storage)}'", check=True).ret
+    by_rule = {f["rule"]: f for f in audit["findings"]}
+    assert by_rule["HANA-LAYOUT-005"]["device"] == direct, audit["findings"]
+
+
+def test_a_pillar_naming_a_path_is_refused_and_told_the_map(vm, below):
+    volume = {"path": {"mountpoint": "/hana/path", "devices": [path(0, 0)]}}
+    storage = yaml.safe_load(pillar(vm, volume))["hana"]["storage"]
+    audit = vm.salt(f"hana_storage.audit pillar='{json.dumps(storage)}'", check=True).ret
+    naming = [f for f in audit["findings"] if f["rule"] == "HANA-LAYOUT-006"]
+    assert naming and naming[0]["expected"] == "/dev/mapper/mpatha", audit["findings"]
+    vm.set_pillar(pillar(vm, volume))
+    dry = vm.salt("state.apply hana.storage test=True")
+    guard = next(s for s in dry.ret.values() if s["__id__"] == "hana-storage-path-guard")
+    assert guard["result"] is False and "in use by mpatha" in guard["comment"], guard
