@@ -1,7 +1,9 @@
 """Shared test set-up: make the formula's pure modules importable without the Salt loader."""
 
 import pathlib
+import shutil
 import sys
+import tempfile
 
 import pytest
 
@@ -14,12 +16,13 @@ for sub in ("_utils", "lab"):
 
 @pytest.fixture(scope="session")
 def salt_factories_default_root_dir():
-    """One root per venv (Salt line): pytest-salt-factories writes its daemon scripts there once,
-    with that venv's site-packages baked in, and a second line must not start the first one's Salt.
-    Short, under /tmp: Salt's unix sockets live below it."""
-    root = pathlib.Path("/tmp") / f"hsf{pathlib.Path(sys.prefix).name}"
-    root.mkdir(mode=0o700, exist_ok=True)
-    return root
+    """A root of its own for each session: pytest-salt-factories writes its daemon scripts there
+    with this venv's site-packages baked in (a second Salt line must not start the first one's
+    Salt), and daemons of an earlier session must not meet this one's keys. Short, under /tmp:
+    Salt's unix sockets live below it."""
+    root = pathlib.Path(tempfile.mkdtemp(prefix=f"hsf{pathlib.Path(sys.prefix).name}-", dir="/tmp"))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def shipped_reactor():
