@@ -891,7 +891,7 @@ def _size_bytes(size):
 
 
 @contextlib.contextmanager
-def _io_check_file(mountpoint, dev):
+def _io_check_file(mountpoint, dev, size_bytes):
     """A new root-only test file on the filesystem mounted at ``mountpoint``, named to fio by
     ``/proc/<pid>/fd/<n>``, removed afterwards.
 
@@ -910,6 +910,7 @@ def _io_check_file(mountpoint, dev):
         workdir = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root)
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         handle = os.open("io_check", flags, 0o600, dir_fd=workdir)
+        _lay_out(handle, size_bytes)
         yield f"/proc/{os.getpid()}/fd/{handle}"
     finally:
         if handle is not None:
@@ -919,6 +920,16 @@ def _io_check_file(mountpoint, dev):
             os.close(workdir)
             os.rmdir(directory, dir_fd=root)
         os.close(root)
+
+
+def _lay_out(fd, size_bytes, chunk=1 << 20):
+    """Write the test file to its full size, as fio's own layout would: fio re-creates a file that
+    is too small by unlinking its name, which a /proc/<pid>/fd link does not allow."""
+    zeros = bytes(chunk)
+    written = 0
+    while written < size_bytes:
+        written += os.write(fd, zeros[: min(chunk, size_bytes - written)])
+    os.fsync(fd)
 
 
 def _mounted_at(mountpoint):
@@ -971,7 +982,7 @@ def io_check(volumes=None, size="1G", runtime=30, kpis=None, pillar=None):
             raise CommandExecutionError(f"{mountpoint} has less free space than {size} plus 10%")
         profile = "log" if name == "log" else "data"
         jobs = []
-        with _io_check_file(mountpoint, dev) as path:
+        with _io_check_file(mountpoint, dev, size_bytes) as path:
             for job in _util("fio.profile_jobs")(profile):
                 out, error = _run(_util("fio.fio_argv")(path, job, size, int(runtime)))
                 if error:
