@@ -31,10 +31,15 @@ fi
 
 python_for() {  # the interpreter a Salt line is tested on: pyenv's newest <version>, else python<version>
     local version=$1 root found
-    root=$(pyenv root 2>/dev/null || true)
-    found=$(ls -d "${root:-/nonexistent}"/versions/"$version".*/bin/python"$version" 2>/dev/null | sort -V | tail -1)
-    if [ -n "$found" ]; then echo "$found"; elif command -v "python$version" >/dev/null; then command -v "python$version"
-    else echo "[deps] no Python $version found (pyenv or python$version on PATH)" >&2; return 1; fi
+    root=$(pyenv root 2>/dev/null || echo "${PYENV_ROOT:-$HOME/.pyenv}")
+    found=$(ls -d "$root"/versions/"$version".*/bin/python"$version" 2>/dev/null | sort -V | tail -1)
+    if [ -n "$found" ]; then echo "$found"
+    elif command -v "python$version" >/dev/null && "python$version" -V >/dev/null 2>&1; then command -v "python$version"
+    else
+        echo "[deps] WARNING: no Python $version (pyenv or python$version on PATH): using $(python3 -V 2>&1)," \
+             "so this line is not tested on the Python its onedir ships" >&2
+        command -v python3
+    fi
 }
 
 for line in $LINES; do
