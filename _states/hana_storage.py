@@ -115,7 +115,8 @@ def key_present(name, source, pillar=None):
             ret, f"{name} or its directory is a symlink: refusing to write a key through it", result=False
         )
     try:
-        on_ramfs = _fstype_of(directory) == KEY_FSTYPE and _is_mountpoint(directory)
+        mount = _live_mount(os.path.realpath(directory))
+        on_ramfs = mount is not None and mount["fstype"] == KEY_FSTYPE
     except MountTableError as error:
         return _done(ret, f"{error}: not writing a key there", result=False)
     if on_ramfs and os.path.isfile(name) and _key_file_matches(name, key):
@@ -141,23 +142,18 @@ def key_present(name, source, pillar=None):
 KEY_FSTYPE = "ramfs"  # tmpfs pages can be swapped out; ramfs pages never are
 
 
-def _is_mountpoint(path):
-    real = os.path.realpath(path)
-    return any(m["mountpoint"] == real for m in _mount_table(real))
-
-
 class MountTableError(CommandExecutionError):
     """A line of /proc/self/mountinfo that may be the mount a state must know is unreadable."""
 
 
-def _mount_table(path, holding=False):
-    """The parsed mount table, unless a line that cannot be read may be the mount at ``path``
-    (or, ``holding``, one above it): a state must not guess what is mounted where."""
+def _mount_table(path):
+    """The parsed mount table, unless a line that cannot be read may be the mount at ``path``:
+    a state must not guess what is mounted where."""
     with open("/proc/self/mountinfo", "rb") as handle:
         raw = handle.read()
     malformed = []
     mounts = _util("tab.parse_mountinfo")(raw, malformed=malformed)
-    doubt = _util("tab.mountinfo_doubt")(malformed, path, holding)
+    doubt = _util("tab.mountinfo_doubt")(malformed, path)
     if doubt:
         raise MountTableError(f"cannot tell what is mounted at {path}: /proc/self/mountinfo {doubt['error']}")
     return mounts
@@ -245,17 +241,6 @@ def _keyfile_mode(ret, name):
         mode={"old": f"{mode:04o}", "new": "0400"},
         owner={"old": info.st_uid, "new": 0},
     )
-
-
-def _fstype_of(path):
-    """Filesystem type of the mount that holds ``path`` (the longest mountpoint prefix)."""
-    best, fstype = "", "unknown"
-    real = os.path.realpath(path)
-    for mount in _mount_table(real, holding=True):
-        point = mount["mountpoint"]
-        if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
-            best, fstype = point, mount["fstype"]
-    return fstype
 
 
 # ---- the data-loss guard ---------------------------------------------------------------------
