@@ -463,6 +463,14 @@ class Lab:
             title=f"starting salt-minion {minion_id}",
         )
 
+    def minion_log(self):
+        """Copy the guest minion's debug log next to the console log; returns the host path."""
+        dest = self.workdir / "minion.log"
+        self.run(f"cp /run/salt/minion.log {self.shared}/minion.log", echo=False)
+        if (self.shared / "minion.log").exists():
+            shutil.move(self.shared / "minion.log", dest)
+        return dest
+
     def stop_salt(self):
         if (self.shared / "salt").is_dir():
             (self.shared / "salt" / "quit").touch()

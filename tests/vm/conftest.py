@@ -4,6 +4,8 @@ Each test module boots one VM for all its tests (software emulation is slow) in 
 directory under build/vm-tests/; VMs never run concurrently (the lab holds a machine-wide lock).
 """
 
+import json
+
 import pytest
 from hana_lab import Lab
 
@@ -25,3 +27,9 @@ def boot(request, disks=8, disk_size="2G", fresh=True, **options):
     request.addfinalizer(vm.stop)  # first: a failed start leaves no VM behind
     vm.start()
     return vm
+
+
+def beacon_tick(vm):
+    """One beacon tick (a full audit) through Salt's loader in the guest: its events, or its crash."""
+    out = vm.run(f"python3 {REPO}/lab/guest_beacon.py once", check=True, echo=False, timeout=900).output
+    return json.loads(out.strip().splitlines()[-1])

@@ -14,8 +14,7 @@ import shlex
 import pytest
 import yaml
 
-from tests.conftest import REPO
-from tests.vm.conftest import boot
+from tests.vm.conftest import beacon_tick, boot
 
 pytestmark = pytest.mark.vm
 
@@ -259,12 +258,6 @@ def test_inspect_shows_the_stacks(vm):
 
 
 # ---- degraded devices (last: they break the mix for good) -----------------------------------
-
-
-def beacon_tick(vm):
-    """One beacon tick (a full audit) through Salt's loader in the guest: its events, or its crash."""
-    out = vm.run(f"python3 {REPO}/lab/guest_beacon.py once", check=True, echo=False, timeout=900).output
-    return json.loads(out.strip().splitlines()[-1])
 
 
 def test_suspended_crypt_and_missing_stripe_disk_are_reported_and_the_beacon_survives(vm):

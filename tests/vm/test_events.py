@@ -86,7 +86,7 @@ def connect_minion(vm, master):
     # a short CLI timeout: a publish sent before the minion connected is never answered
     while cli.run("--timeout=30", "test.ping", minion_tgt=MINION).data is not True:
         if time.monotonic() > deadline:
-            pytest.fail(f"the minion in the VM never answered; read {vm.console} and /run/salt/minion.log")
+            pytest.fail(f"the minion in the VM never answered; read {vm.console} and {vm.minion_log()}")
         time.sleep(5)
     return cli
 
@@ -117,13 +117,13 @@ def minion(vm, master):
 
 
 @pytest.fixture(scope="module")
-def applied(minion):
+def applied(vm, minion):
     started = time.time()
     result = minion.run("state.apply", "hana.storage", minion_tgt=MINION, _timeout=1200)
     states = result.data
-    assert isinstance(states, dict), result
+    assert isinstance(states, dict), f"{result}; read {vm.minion_log()}"
     failed = [s["comment"] for s in states.values() if s["result"] is not True]
-    assert not failed, failed
+    assert not failed, f"{failed}; read {vm.minion_log()}"
     return started
 
 

@@ -14,10 +14,11 @@ boots - systemd-cryptsetup for each /etc/crypttab line, LVM activation, the moun
 
 import json
 
+import hana_storage_report
 import pytest
 import yaml
 
-from tests.vm.conftest import boot
+from tests.vm.conftest import beacon_tick, boot
 
 pytestmark = pytest.mark.vm
 
@@ -178,6 +179,34 @@ def test_below_lvm_on_eight_luns_builds_and_audits_compliant(vm, below):
 def test_below_lvm_boots_without_salt(vm, below):
     out = boots_without_salt(vm, "/hana/log", "vg_hana_log")
     assert all(f"attach hana_log_{i} /dev/mapper/{m}" in out for i, m in enumerate(MAPS)), out
+
+
+def test_beacon_remediation_and_report_work_on_the_maps(vm, below):
+    """The watch path on the maps: the beacon's full audit is compliant; flags dropped from the
+    crypt device of one LUN are a violation on it; the safe fix restores them; the fleet report
+    reads both audits."""
+    tick = beacon_tick(vm)
+    assert "raised" not in tick, tick.get("raised")
+    (audit,) = [e for e in tick["events"] if e["tag"] == "audit"]
+    assert audit["compliant"] is True and not [e for e in tick["events"] if e["tag"] == "violation"], tick
+    vm.run(f"cryptsetup refresh --key-file {KEY_FILE} --persistent hana_log_3", check=True, echo=False)
+    assert "no_read_workqueue" not in vm.run("dmsetup table hana_log_3", echo=False).output
+
+    tick = beacon_tick(vm)
+    violations = {(e["rule"], e["volume"], e["device"]) for e in tick["events"] if e["tag"] == "violation"}
+    assert {rule for rule, _, _ in violations} >= {"HANA-PERF-002", "HANA-PERF-003"}, violations
+    assert all(volume == "log" and "hana_log_3" in device for _, volume, device in violations), violations
+    drifted = vm.salt("hana_storage.audit", check=True).ret
+    row = hana_storage_report.fleet({"lun-host": {"ret": drifted, "retcode": 0}})["rows"][0]
+    assert row["compliant"] == "NO" and "HANA-PERF-002" in row["rules"], row
+
+    fixed = vm.salt("hana_storage.remediate", check=True).ret
+    assert fixed["result"] is True, fixed
+    assert "no_read_workqueue no_write_workqueue" in vm.run("dmsetup table hana_log_3", echo=False).output
+    report = hana_storage_report.fleet(
+        {"lun-host": {"ret": vm.salt("hana_storage.audit", check=True).ret, "retcode": 0}}
+    )
+    assert report["summary"] == {"minions": 1, "compliant": 1, "not_compliant": 0, "errors": 0}, report
 
 
 def test_one_path_of_a_lun_used_directly_is_layout_005(vm, below):
