@@ -161,7 +161,7 @@ def validate_pillar(pillar=None, host_checks=True):
     facts = None
     if host_checks:
         facts = {"devices": _device_facts(config), "system_devices": _system_devices()}
-    return _util("pillar.validate")(config, _schema(), facts)
+    return _util("pillar.validate")(config, _schema(), facts, _util("rules.auto_rules")())
 
 
 def settings(pillar=None, host_checks=True):
@@ -423,7 +423,33 @@ def _facts(plan):
         "fstab": _parsed_file("/etc/fstab", "tab.parse_fstab"),
         "key_files": _key_file_facts(plan),
         "device_names": _device_names(plan, devices),
+        "crypto_drivers": _crypto_drivers(devices),
     }
+
+
+def _crypto_drivers(devices):
+    """{dm cipher: the kernel driver that serves it} for the ciphers of the open crypt devices."""
+    ciphers = {
+        segment["cipher"]
+        for device in devices.values()
+        if device["kind"] == "crypt"
+        for segment in device["table"]
+        if segment["target"] == "crypt"
+    }
+    if not ciphers:
+        return {}
+    try:
+        with open("/proc/crypto", encoding="utf-8") as handle:
+            entries = _util("crypto.parse_proc_crypto")(handle.read())
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        return {"error": f"/proc/crypto: {error}"}
+    drivers = {}
+    for cipher in ciphers:
+        algorithm = _util("crypto.algorithm_of")(cipher)
+        driver = _util("crypto.driver_of")(entries, algorithm) if algorithm else None
+        if driver:
+            drivers[cipher] = {"algorithm": algorithm, **driver}
+    return drivers
 
 
 # ---- public functions ------------------------------------------------------------------------
@@ -757,48 +783,21 @@ def probe(devices, key_file=None):
 # ---- remediation -----------------------------------------------------------------------------
 
 
-def _fix_state(plan, finding):
-    """(state function, kwargs) that repairs an auto finding: the very state the SLS uses."""
-    volume = plan["volumes"][finding["volume"]]
-    key_file = volume["key"]["file"]
-    crypt = next((c for c in volume["crypt"] if finding["device"] == f"/dev/mapper/{c['name']}"), None)
-    rule = finding["rule"]
-    if rule in ("HANA-PERF-002", "HANA-PERF-003", "HANA-PERF-004") and crypt:
-        return "hana_storage.luks_opened", {
-            "name": crypt["name"],
-            "device": crypt["device"],
-            "key_file": key_file,
-            "flags": plan["luks"]["dm_flags"],
-        }
-    if rule == "HANA-PERSIST-001" and crypt:
-        return "hana_storage.crypttab_present", {
-            "name": crypt["name"],
-            "device": crypt["device"],
-            "key_file": key_file,
-            "options": volume["crypttab_options"],
-        }
-    if rule == "HANA-PERSIST-002":
-        return "hana_storage.mounted", {
-            "name": volume["mountpoint"],
-            "device": volume["fs_device"],
-            "options": volume["mount_options"],
-            "fstab_options": volume["fstab_options"],
-        }
-    if rule == "HANA-KEY-001":
-        return "hana_storage.key_present", {
-            "name": key_file,
-            "source": volume["key"]["source"],
-            "pillar": volume["key"]["pillar"],
-        }
-    return None, None
+SKIP_REASONS = {
+    "manual_rule": "manual rule: never remediated automatically",
+    "not_allowed": "not allowed by hana:storage:compliance:remediation",
+    "not_mounted": "volume not mounted (HANA-MOUNT-001 is manual)",
+    "no_fix": "no safe fix for this device",
+}
 
 
 def remediate(rules=None, pillar=None):
     """
     Apply the safe fixes, and only those: dm-crypt flags (``cryptsetup refresh --persistent``),
     crypttab, fstab and live mount options, key file mode. Never formats, opens, closes or
-    unmounts anything. Works from this minion's own audit, for rules that are ``auto`` in the
-    rule table and listed in ``hana:storage:compliance:remediation:rules``.
+    unmounts anything. Works from this minion's own audit, for the rules with a fix in the rule
+    table (``hana_storage_rules.RULES``) that ``hana:storage:compliance:remediation:rules``
+    allows (default: all of them).
 
     rules
         Only these rule IDs (a list or comma-separated); default: every auto rule (a manual
@@ -821,41 +820,24 @@ def remediate(rules=None, pillar=None):
     """
     plan = _plan(pillar)
     policy = plan["compliance"]["remediation"]
-    table = _util("rules.rule_table")()
-    auto = {rule for rule, entry in table.items() if entry["remediation"] == "auto"}
+    auto = _util("rules.auto_rules")()
+    allowed = set(policy.get("rules", auto)) if policy.get("enabled", True) else set()
     wanted = set(rules.split(",") if isinstance(rules, str) else rules or auto)
     report = _util("rules.audit")(plan, _facts(plan))
     fixed, failed, skipped = [], [], []
     done = set()
     for finding in report["findings"]:
-        rule, device = finding["rule"], finding["device"]
-        entry = {"rule": rule, "volume": finding["volume"], "device": device}
+        rule = finding["rule"]
         if rule not in wanted:
             continue
-        if table[rule]["remediation"] != "auto":
-            skipped.append(
-                {**entry, "code": "manual_rule", "reason": "manual rule: never remediated automatically"}
-            )
+        entry = {"rule": rule, "volume": finding["volume"], "device": finding["device"]}
+        fix = _util("rules.fix_for")(plan, finding, report["volumes"][finding["volume"]])
+        if fix.get("code") != "manual_rule" and rule not in allowed:
+            fix = {"code": "not_allowed"}
+        if "code" in fix:
+            skipped.append({**entry, "code": fix["code"], "reason": SKIP_REASONS[fix["code"]]})
             continue
-        if not policy.get("enabled", True) or rule not in policy.get("rules", []):
-            skipped.append(
-                {
-                    **entry,
-                    "code": "not_allowed",
-                    "reason": "not allowed by hana:storage:compliance:remediation",
-                }
-            )
-            continue
-        volume = report["volumes"][finding["volume"]]
-        if rule == "HANA-PERSIST-002" and not volume["mounted"]:
-            skipped.append(
-                {**entry, "code": "not_mounted", "reason": "volume not mounted (HANA-MOUNT-001 is manual)"}
-            )
-            continue
-        fun, kwargs = _fix_state(plan, finding)
-        if fun is None:
-            skipped.append({**entry, "code": "no_fix", "reason": "no safe fix for this device"})
-            continue
+        fun, kwargs = fix["state"], fix["kwargs"]
         if (fun, kwargs["name"]) in done:
             fixed.append({**entry, "changes": "fixed with an earlier finding"})
             continue

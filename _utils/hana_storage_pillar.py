@@ -246,9 +246,18 @@ def _key_errors(key, where):
     return errors
 
 
-def semantic_errors(config):
-    """What the schema cannot express. Assumes schema_errors() returned nothing."""
+def semantic_errors(config, fixable=None):
+    """What the schema cannot express. Assumes schema_errors() returned nothing. ``fixable``: the
+    rules with a fix in the rule table (hana_storage_rules.auto_rules), which alone remediation
+    may be allowed."""
     errors = []
+    allowed = config.get("compliance", {}).get("remediation", {}).get("rules", [])
+    for index, rule in enumerate(allowed if fixable is not None else []):
+        if rule not in fixable:
+            errors.append(
+                f"{keypath('compliance', 'remediation', 'rules', index)}: {rule} has no safe fix; "
+                f"remediation can fix {', '.join(fixable)}"
+            )
     volumes = config["volumes"]
     key_paths = []
     if config.get("key"):
@@ -388,12 +397,12 @@ def host_errors(config, facts):
     return errors
 
 
-def validate(config, schema, facts=None):
+def validate(config, schema, facts=None, fixable=None):
     """All errors for a merged config: schema first; semantic and host checks only on a sound shape."""
     errors = schema_errors(config, schema)
     if errors:
         return errors
-    errors = semantic_errors(config)
+    errors = semantic_errors(config, fixable)
     if facts is not None and not errors:
         errors = host_errors(config, facts)
     return sorted(errors)

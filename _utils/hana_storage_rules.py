@@ -8,43 +8,134 @@ import each other: the Salt loader keeps each one's own copy fresh). A fact that
 gathered is ``{"error": "..."}`` and the rule that needs it says so.
 """
 
-# rule: (severity, remediation, what fails)
+from typing import NamedTuple
+
+
+class Fix(NamedTuple):
+    """How an auto rule is repaired: the formula's own state, with arguments read from the plan.
+
+    ``per``: what a finding of the rule names - ``crypt`` (one crypt device of the volume, its
+    ``/dev/mapper`` path), ``volume`` or ``key`` (the volume's key file). ``args``: the state's
+    keyword arguments, each a dotted path into the plan's ``volume``, its ``crypt`` entry or its
+    ``luks`` policy. ``needs``: a fact of the volume's audit summary that must be true first.
+    """
+
+    state: str
+    per: str
+    args: dict
+    needs: str = ""
+
+
+class Rule(NamedTuple):
+    """A rule: its severity, what fails, and its fix (None: manual, an admin decides)."""
+
+    severity: str
+    title: str
+    fix: Fix | None = None
+
+    @property
+    def remediation(self):
+        return "auto" if self.fix else "manual"
+
+
+CRYPT_FLAGS = Fix(
+    "hana_storage.luks_opened",
+    "crypt",
+    {"name": "crypt.name", "device": "crypt.device", "key_file": "volume.key.file", "flags": "luks.dm_flags"},
+)
+CRYPTTAB = Fix(
+    "hana_storage.crypttab_present",
+    "crypt",
+    {
+        "name": "crypt.name",
+        "device": "crypt.device",
+        "key_file": "volume.key.file",
+        "options": "volume.crypttab_options",
+    },
+)
+MOUNT = Fix(
+    "hana_storage.mounted",
+    "volume",
+    {
+        "name": "volume.mountpoint",
+        "device": "volume.fs_device",
+        "options": "volume.mount_options",
+        "fstab_options": "volume.fstab_options",
+    },
+    needs="mounted",  # a volume that is not mounted is HANA-MOUNT-001, which is manual
+)
+KEY_FILE = Fix(
+    "hana_storage.key_present",
+    "key",
+    {"name": "volume.key.file", "source": "volume.key.source", "pillar": "volume.key.pillar"},
+)
+
 RULES = {
-    "HANA-ENC-001": ("critical", "manual", "a HANA mount is backed by a stack with no crypt target"),
-    "HANA-ENC-002": ("high", "manual", "LUKS version is not 2"),
-    "HANA-ENC-003": ("critical", "manual", "cipher differs from policy"),
-    "HANA-ENC-004": ("high", "manual", "key size below policy"),
-    "HANA-ENC-005": ("high", "manual", "crypt mapping with no (readable) LUKS header"),
-    "HANA-ENC-006": ("medium", "manual", "keyslot KDF weaker than policy"),
-    "HANA-ENC-007": ("high", "manual", "one LUKS2 header copy is damaged (degraded)"),
-    "HANA-PERF-001": ("medium", "manual", "LUKS sector size differs from policy"),
-    "HANA-PERF-002": ("medium", "auto", "active dm-crypt flags differ from policy"),
-    "HANA-PERF-003": ("low", "auto", "persistent LUKS2 header flags differ from policy"),
-    "HANA-PERF-004": ("medium", "auto", "allow_discards differs from policy"),
-    "HANA-LAYOUT-001": ("medium", "manual", "LV stripe count or stripe size differs from pillar"),
-    "HANA-LAYOUT-002": ("medium", "manual", "encryption at the other layer than the pillar says"),
-    "HANA-LAYOUT-003": ("low", "manual", "XFS sunit/swidth do not match the stripe geometry"),
-    "HANA-LAYOUT-004": ("high", "manual", "a device of the stack is missing or suspended"),
-    "HANA-LAYOUT-005": (
-        "high",
-        "manual",
-        "a LUKS device or PV sits on one path of a multipath LUN, not on its map",
+    "HANA-ENC-001": Rule("critical", "a HANA mount is backed by a stack with no crypt target"),
+    "HANA-ENC-002": Rule("high", "LUKS version is not 2"),
+    "HANA-ENC-003": Rule("critical", "cipher differs from policy"),
+    "HANA-ENC-004": Rule("high", "key size below policy"),
+    "HANA-ENC-005": Rule("high", "crypt mapping with no (readable) LUKS header"),
+    "HANA-ENC-006": Rule("medium", "keyslot KDF weaker than policy"),
+    "HANA-ENC-007": Rule("high", "one LUKS2 header copy is damaged (degraded)"),
+    "HANA-PERF-001": Rule("medium", "LUKS sector size differs from policy"),
+    "HANA-PERF-002": Rule("medium", "active dm-crypt flags differ from policy", CRYPT_FLAGS),
+    "HANA-PERF-003": Rule("low", "persistent LUKS2 header flags differ from policy", CRYPT_FLAGS),
+    "HANA-PERF-004": Rule("medium", "allow_discards differs from policy", CRYPT_FLAGS),
+    "HANA-PERF-005": Rule(
+        "medium", "the kernel's xts(aes) driver is a generic one, not a hardware-accelerated one"
     ),
-    "HANA-LAYOUT-006": (
-        "medium",
-        "manual",
-        "the pillar names a device by a name that can change across boots",
+    "HANA-LAYOUT-001": Rule("medium", "LV stripe count or stripe size differs from pillar"),
+    "HANA-LAYOUT-002": Rule("medium", "encryption at the other layer than the pillar says"),
+    "HANA-LAYOUT-003": Rule("low", "XFS sunit/swidth do not match the stripe geometry"),
+    "HANA-LAYOUT-004": Rule("high", "a device of the stack is missing or suspended"),
+    "HANA-LAYOUT-005": Rule(
+        "high", "a LUKS device or PV sits on one path of a multipath LUN, not on its map"
     ),
-    "HANA-PERSIST-001": ("high", "auto", "crypttab entry missing or different"),
-    "HANA-PERSIST-002": ("medium", "auto", "fstab entry or live mount options differ"),
-    "HANA-KEY-001": ("high", "auto", "key file readable by others than root"),
-    "HANA-MOUNT-001": ("high", "manual", "a HANA mountpoint is not mounted"),
+    "HANA-LAYOUT-006": Rule("medium", "the pillar names a device by a name that can change across boots"),
+    "HANA-PERSIST-001": Rule("high", "crypttab entry missing or different", CRYPTTAB),
+    "HANA-PERSIST-002": Rule("medium", "fstab entry or live mount options differ", MOUNT),
+    "HANA-KEY-001": Rule("high", "key file readable by others than root", KEY_FILE),
+    "HANA-MOUNT-001": Rule("high", "a HANA mountpoint is not mounted"),
 }
 
 
 def rule_table():
     """{rule: {severity, remediation, title}}: what the master trusts, not what an event claims."""
-    return {rule: {"severity": s, "remediation": r, "title": t} for rule, (s, r, t) in RULES.items()}
+    return {
+        rule: {"severity": r.severity, "remediation": r.remediation, "title": r.title}
+        for rule, r in RULES.items()
+    }
+
+
+def auto_rules():
+    """The rules with a fix: what remediation may repair unless the pillar narrows it."""
+    return [rule for rule, r in RULES.items() if r.fix]
+
+
+def fix_for(plan, finding, volume_summary):
+    """The state call that repairs ``finding``: {"state", "kwargs"}, or {"code"} when there is
+    none - ``manual_rule`` (no fix in the table), ``not_mounted`` (the fix needs the volume
+    mounted), ``no_fix`` (the finding names a device the plan does not manage)."""
+    fix = RULES[finding["rule"]].fix
+    if fix is None:
+        return {"code": "manual_rule"}
+    if fix.needs and not volume_summary.get(fix.needs):
+        return {"code": f"not_{fix.needs}"}
+    volume = plan["volumes"][finding["volume"]]
+    scope = {"volume": volume, "luks": plan["luks"]}
+    if fix.per == "crypt":
+        named = [c for c in volume["crypt"] if finding["device"] == f"/dev/mapper/{c['name']}"]
+        if not named:
+            return {"code": "no_fix"}
+        scope["crypt"] = named[0]
+    kwargs = {}
+    for arg, path in fix.args.items():
+        value = scope
+        for part in path.split("."):
+            value = value[part]
+        kwargs[arg] = value
+    return {"state": fix.state, "kwargs": kwargs}
 
 
 PERF_FLAGS = ("no_read_workqueue", "no_write_workqueue")
@@ -74,7 +165,7 @@ class VolumeAudit:
         self.reencryption = {}  # crypt device path -> the header's re-encryption fact, while one runs
 
     def add(self, rule, device, expected, actual, message):
-        severity, remediation, _ = RULES[rule]
+        severity, remediation = RULES[rule].severity, RULES[rule].remediation
         self.findings.append(
             {
                 "rule": rule,
@@ -302,6 +393,26 @@ class VolumeAudit:
                 + f"({underway or 're-encryption needed: cryptsetup reencrypt --sector-size'})",
             )
         self._flag_rules(path, segment, header)
+        self._driver_rules(path, segment)
+
+    def _driver_rules(self, path, segment):
+        if segment["cipher"] != self.luks["cipher"]:
+            return  # another cipher is HANA-ENC-003, whatever runs it
+        drivers = self.facts.get("crypto_drivers", {})
+        if "error" in drivers:
+            driver = {"driver": f"not read: {drivers['error']}", "generic": True}
+        else:
+            driver = drivers.get(segment["cipher"])
+        if driver and driver["generic"]:
+            self.add(
+                "HANA-PERF-005",
+                path,
+                "a hardware-accelerated driver",
+                driver["driver"],
+                f"{path}: the kernel runs {segment['cipher']} with {driver['driver']}, a generic software "
+                "driver (no AES instructions in use: check the CPU flags and the accelerated module, "
+                "aesni_intel on x86, vmx_crypto on POWER)",
+            )
 
     def _kdf_rules(self, path, header):
         weak = [  # a keyslot without a KDF holds no key (a re-encryption's reencrypt keyslot)

@@ -148,6 +148,7 @@ class Lab:
         verbose=True,
         network=False,
         paths=1,
+        cpu=None,
     ):
         self.disks, self.disk_size = disks, disk_size
         # paths=2: every disk image is attached twice, both with the serial lun<N>, as a SAN LUN
@@ -157,6 +158,8 @@ class Lab:
         self.memory, self.cpus = memory, cpus
         self.boot_timeout, self.fresh, self.verbose = boot_timeout, fresh, verbose
         self.network = network  # user-mode networking: the host is 10.0.2.2 from the guest
+        # QEMU's CPU model; virtme-ng's "max" emulates AES-NI, "max,aes=off" a CPU without it
+        self.cpu = cpu
         self.shared = self.workdir / "shared"
         self.console = self.workdir / "console.log"
         self.proc = None
@@ -211,6 +214,8 @@ class Lab:
             f" -device virtio-scsi-pci,id=rtscsi -drive file={runtime},format=raw,if=none,id=rt,readonly=on"
             " -device scsi-hd,drive=rt,bus=rtscsi.0"
         )
+        if self.cpu:
+            drives += f" -cpu {self.cpu}"  # after virtme-ng's own -cpu: QEMU takes the last one
         cmd = [
             vng,
             "--run",

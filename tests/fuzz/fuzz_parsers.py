@@ -27,6 +27,7 @@ import time
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "_utils")]
 
+import hana_storage_crypto as kcrypto  # noqa: E402
 import hana_storage_dm as dm  # noqa: E402
 import hana_storage_luks as luks  # noqa: E402
 import hana_storage_lvm as lvm  # noqa: E402
@@ -82,6 +83,7 @@ def seeds():
     return {
         "luks": headers,
         "dm": [text["dmsetup-table.txt"]],
+        "crypto": [p.read_text() for p in sorted(DATA.parent.glob("proc-crypto-*.txt"))],
         "mountinfo": [
             text["mountinfo.txt"],
             KERNEL_MOUNTINFO.read_bytes().decode("utf-8", "backslashreplace"),
@@ -233,6 +235,7 @@ TARGETS = {
     "luks-bytes": ("luks", mutate_bytes, lambda d: luks.parse_header(luks_read(d)), luks.LuksError),
     "luks2-json": ("luks", mutate_luks2_json, lambda d: luks.parse_header(luks_read(d)), luks.LuksError),
     "dmsetup-table": ("dm", mutate_text, dm.parse_tables, dm.DmTableError),
+    "proc-crypto": ("crypto", mutate_text, kcrypto.parse_proc_crypto, kcrypto.ProcCryptoError),
     "mountinfo": ("mountinfo", mutate_text, tab.parse_mountinfo, tab.TabError),
     "mountinfo-bytes": ("mountinfo-bytes", mutate_bytes, tab.parse_mountinfo, tab.TabError),
     "mountinfo-lax": ("mountinfo", mutate_text, mountinfo_lenient, tab.TabError),

@@ -10,6 +10,7 @@ volume's discards off; each rule test breaks one fact and expects exactly its ru
 import base64
 import copy
 import json
+import re
 
 import hana_storage_dm as dm
 import hana_storage_luks as luks
@@ -131,7 +132,19 @@ def compliant():
         + "\n"
         + tab.render_fstab(f"UUID={facts['superblocks']['dm-4']['uuid']}", "/hana/log", "xfs", ["relatime"])
     )
+    facts["crypto_drivers"] = {"aes-xts-plain64": driver("xts-aes-aesni", "aesni_intel", 401)}
     return facts
+
+
+def driver(name, module, priority):
+    """A crypto_drivers fact as the execution module gathers it (hana_storage_crypto.driver_of)."""
+    return {
+        "algorithm": "xts(aes)",
+        "driver": name,
+        "module": module,
+        "priority": priority,
+        "generic": "generic" in name,
+    }
 
 
 def found(facts, pillar=PILLAR):
@@ -235,6 +248,9 @@ BREAKS = {
     ),
     "HANA-PERF-001": lambda f: crypt_segment(f).update(sector_size=512),
     "HANA-PERF-002": lambda f: crypt_segment(f).update(flags=["no_read_workqueue"]),
+    "HANA-PERF-005": lambda f: f["crypto_drivers"].update(
+        {"aes-xts-plain64": driver("xts(ecb(aes-generic))", "xts", 100)}
+    ),
     "HANA-PERF-003": lambda f: f["headers"]["dm-0"].update(flags=[]),
     "HANA-PERF-004": lambda f: crypt_segment(f).update(
         flags=["allow_discards", "no_read_workqueue", "no_write_workqueue"]
@@ -260,6 +276,8 @@ DEVICE = {
 ALSO = {
     "HANA-ENC-002": [("HANA-ENC-006", "data", "/dev/mapper/hana_data")],
     "HANA-KEY-001": [("HANA-KEY-001", "log", KEY_FILE)],
+    # the kernel's driver serves every device of the cipher
+    "HANA-PERF-005": [("HANA-PERF-005", "log", f"/dev/mapper/hana_log_{i}") for i in (0, 1)],
 }
 
 
@@ -370,6 +388,25 @@ def test_pillar_key_file_expected_in_crypttab():
     assert rules_found == {"HANA-PERSIST-001", "HANA-PERSIST-002"}  # keyfile path and noauto differ
 
 
+def test_a_generic_aes_driver_is_named_on_every_crypt_device_and_an_unread_one_too():
+    facts = compliant()
+    BREAKS["HANA-PERF-005"](facts)
+    report = rules.audit(plan_of(PILLAR), facts)
+    perf = [f for f in report["findings"] if f["rule"] == "HANA-PERF-005"]
+    assert sorted(f["device"] for f in perf) == [
+        "/dev/mapper/hana_data",
+        "/dev/mapper/hana_log_0",
+        "/dev/mapper/hana_log_1",
+    ]
+    assert perf[0]["actual"] == "xts(ecb(aes-generic))" and perf[0]["remediation"] == "manual"
+    facts["crypto_drivers"] = {"error": "/proc/crypto: line 3: not 'field : value'"}
+    assert {f["actual"] for f in rules.audit(plan_of(PILLAR), facts)["findings"]} == {
+        "not read: /proc/crypto: line 3: not 'field : value'"
+    }
+    facts["crypto_drivers"] = {}  # a cipher no driver serves: ENC-003's business, not this rule's
+    assert rules.audit(plan_of(PILLAR), facts)["compliant"] is True
+
+
 def test_every_rule_has_a_test():
     tested = set(BREAKS) | {"HANA-ENC-001", "HANA-ENC-005", "HANA-LAYOUT-002", "HANA-MOUNT-001"}
     assert tested == set(rules.RULES)
@@ -387,3 +424,9 @@ def test_a_multipath_map_is_its_own_kind_and_its_paths_are_fine_behind_it():
     devices = stack.build_devices(sysfs, {}, [])
     assert devices["dm-9"]["kind"] == "multipath" and devices["dm-9"]["path"] == "/dev/mapper/mpatha"
     assert stack.direct_paths(devices, "dm-9") == []
+
+
+def test_the_readmes_rule_table_is_the_rule_tables():
+    readme = (REPO / "README.md").read_text()
+    rows = re.findall(r"^\| (HANA-[A-Z]+-\d{3}) \| (\w+) \| (\w+) \|", readme, re.MULTILINE)
+    assert rows == [(rule, r.severity, r.remediation) for rule, r in rules.RULES.items()]

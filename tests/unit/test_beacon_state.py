@@ -32,7 +32,7 @@ CONFIG = [{"full_audit_interval": 3600}, {"uevents": False}, {"_beacon_name": "h
 
 
 def finding(rule="HANA-PERF-002", volume="data", device="/dev/mapper/hana_data"):
-    severity, remediation, _ = rules.RULES[rule]
+    severity, remediation = rules.RULES[rule].severity, rules.RULES[rule].remediation
     return {
         "rule": rule,
         "severity": severity,

@@ -35,7 +35,7 @@ UTILS |= {f"hana_storage_tab.{n}": getattr(tab, n) for n in dir(tab) if not n.st
 
 
 def finding(rule="HANA-PERF-002", volume="data", device="/dev/mapper/hana_data"):
-    severity, remediation, _ = rules.RULES[rule]
+    severity, remediation = rules.RULES[rule].severity, rules.RULES[rule].remediation
     return {
         "rule": rule,
         "severity": severity,
@@ -684,6 +684,25 @@ def test_a_verified_fix_and_nothing_to_fix_are_done_without_an_alert(runner, pki
     } == {"duplicate"}
 
 
+def remediation_plan(policy):
+    """A plan with one volume, enough for every fix in the rule table to find its arguments."""
+    volume = {
+        "name": "data",
+        "mountpoint": "/hana/data",
+        "key": {"file": KEY_FILE, "source": "keyfile", "pillar": None},
+        "crypt": [{"name": "hana_data", "device": "/dev/vg_hana_data/lv_hana_data"}],
+        "crypttab_options": ["luks"],
+        "fs_device": "/dev/mapper/hana_data",
+        "mount_options": ["noatime"],
+        "fstab_options": ["noatime"],
+    }
+    return {
+        "compliance": {"remediation": policy},
+        "luks": {"dm_flags": ["no_read_workqueue"]},
+        "volumes": {"data": volume},
+    }
+
+
 @pytest.fixture
 def module(monkeypatch):
     """The execution module's remediate() on a made-up audit: one HANA-KEY-001 finding, fixed by
@@ -702,16 +721,14 @@ def module(monkeypatch):
         volumes = {"data": {"mounted": False}}
         return {"findings": found, "volumes": volumes, "compliant": not found}
 
-    utils = {"rules.rule_table": rules.rule_table, "rules.audit": audit_of}
+    utils = {f"rules.{name}": getattr(rules, name) for name in ("rule_table", "auto_rules", "fix_for")}
+    utils["rules.audit"] = audit_of
     monkeypatch.setattr(module, "_util", lambda name: utils[name])
-    monkeypatch.setattr(module, "_plan", lambda pillar=None: {"compliance": {"remediation": module.policy}})
+    monkeypatch.setattr(module, "_plan", lambda pillar=None: remediation_plan(module.policy))
     monkeypatch.setattr(module, "_facts", lambda plan: {})
-    monkeypatch.setattr(
-        module, "_fix_state", lambda plan, f: ("hana_storage.key_present", {"name": f["device"]})
-    )
 
     def single(fun, queue, **kwargs):
-        module.fixes.append((fun, kwargs["name"]))
+        module.fixes.append((fun, kwargs))
         module.fixed_since_audit = True
         return {"x": {"result": True, "changes": {"mode": "0400"}, "comment": "fixed"}}
 
@@ -729,7 +746,7 @@ def test_remediate_is_true_only_when_nothing_asked_for_is_left(module):
     assert [f["rule"] for f in ret["remaining"]] == ["HANA-KEY-001"] and module.fixes == []
 
 
-def test_remediate_names_a_code_for_each_skip_and_counts_what_remains(module, monkeypatch):
+def test_remediate_names_a_code_for_each_skip_and_counts_what_remains(module):
     module.policy = {"enabled": True, "rules": ["HANA-PERF-002"]}
     ret = module.remediate(rules="HANA-KEY-001")  # allowed rules: KEY-001 not among them
     assert [e["code"] for e in ret["skipped"]] == ["not_allowed"] and ret["result"] is False
@@ -739,10 +756,44 @@ def test_remediate_names_a_code_for_each_skip_and_counts_what_remains(module, mo
     assert ret["skipped"] == [] and ret["remaining"] == [] and ret["result"] is True
     module.findings, module.policy["rules"] = [finding("HANA-PERSIST-002")], ["HANA-PERSIST-002"]
     assert [e["code"] for e in module.remediate()["skipped"]] == ["not_mounted"]
-    module.findings, module.policy["rules"] = [finding("HANA-PERF-002")], ["HANA-PERF-002"]
-    monkeypatch.setattr(module, "_fix_state", lambda plan, f: (None, None))
+    # a crypt device the plan does not manage: no state of the formula may touch it
+    module.findings = [finding("HANA-PERF-002", device="/dev/mapper/someone_elses")]
+    module.policy["rules"] = ["HANA-PERF-002"]
     ret = module.remediate(rules=["HANA-PERF-002"])
     assert [e["code"] for e in ret["skipped"]] == ["no_fix"] and ret["result"] is False
+    assert module.fixes == []
+
+
+def test_remediate_calls_the_state_the_rule_table_names_with_the_plans_arguments(module):
+    module.policy = {"enabled": True}
+    module.findings = [finding("HANA-PERF-002"), finding("HANA-PERF-003"), key_finding()]
+    ret = module.remediate()
+    assert ret["result"] is True and [e["rule"] for e in ret["fixed"]] == [
+        "HANA-PERF-002",
+        "HANA-PERF-003",
+        "HANA-KEY-001",
+    ]
+    assert ret["fixed"][1]["changes"] == "fixed with an earlier finding"  # one refresh fixes both
+    assert module.fixes == [
+        (
+            "hana_storage.luks_opened",
+            {
+                "name": "hana_data",
+                "device": "/dev/vg_hana_data/lv_hana_data",
+                "key_file": KEY_FILE,
+                "flags": ["no_read_workqueue"],
+            },
+        ),
+        ("hana_storage.key_present", {"name": KEY_FILE, "source": "keyfile", "pillar": None}),
+    ]
+
+
+def test_remediate_by_default_allows_every_rule_with_a_fix(module):
+    """The allow-list's default is derived from the rule table, not written out a second time."""
+    module.policy = {"enabled": True}  # what parameters/defaults.yaml gives
+    module.findings = [key_finding()]
+    assert module.remediate()["result"] is True
+    assert [fun for fun, _ in module.fixes] == ["hana_storage.key_present"]
 
 
 def test_remediate_counts_a_fix_once_its_re_audit_finds_it_no_more(module):

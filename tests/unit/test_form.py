@@ -4,6 +4,7 @@ valid for the schema."""
 
 import json
 
+import hana_storage_rules as rules
 import jsonschema
 import pytest
 import yaml
@@ -59,7 +60,7 @@ def test_every_schema_key_has_a_field_and_every_field_a_schema_key():
 
 @pytest.mark.parametrize("path", sorted(p for p, f in form_fields().items() if "$default" in f), ids=".".join)
 def test_defaults_are_valid_for_the_schema(path):
-    jsonschema.validate(form_fields()[path]["$default"], schema_leaves()[path])
+    jsonschema.validate(form_fields()[path]["$default"], {**schema_leaves()[path], "$defs": SCHEMA["$defs"]})
 
 
 def test_choices_are_the_schemas_and_types_match():
@@ -70,8 +71,8 @@ def test_choices_are_the_schemas_and_types_match():
         if field.get("$type") == "edit-group" and path[-1] != "volumes":
             assert sub.get("type") == "array", path
             choices = field["$prototype"].get("$values")
-            if choices:
-                assert set(choices) <= set(resolve(sub["items"])["enum"]), path
+            for choice in choices or []:
+                jsonschema.validate(choice, {**resolve(sub["items"]), "$defs": SCHEMA["$defs"]})
         if field.get("$type") == "boolean":
             assert sub.get("type") == "boolean", path
         if field.get("$type") == "number":
@@ -86,3 +87,9 @@ def test_choices_are_the_schemas_and_types_match():
 def test_the_material_field_is_a_password_field():
     assert form_fields()[("key", "material")]["$type"] == "password"
     assert form_fields()[("volumes", "*", "key", "material")]["$type"] == "password"
+
+
+def test_the_remediation_choices_are_the_rules_with_a_fix():
+    """The form cannot compute its list: it is kept equal to the rule table's here."""
+    field = form_fields()[("compliance", "remediation", "rules")]
+    assert field["$prototype"]["$values"] == field["$default"] == rules.auto_rules()

@@ -5,6 +5,7 @@ import re
 import shutil
 import subprocess
 
+import hana_storage_crypto as kcrypto
 import hana_storage_dm as dm
 import hana_storage_lvm as lvm
 import hana_storage_tab as tab
@@ -473,3 +474,45 @@ def test_random_superblocks_only_raise_xfs_error(raw):
         xfs.parse_superblock(raw)
     except xfs.XfsError:
         pass
+
+
+# ---- /proc/crypto ----------------------------------------------------------------------------
+
+
+def proc_crypto(name):
+    return (DATA / f"proc-crypto-{name}.txt").read_text()
+
+
+@pytest.mark.parametrize(
+    ("recording", "driver", "generic"),
+    [("aesni", "xts-aes-aesni", False), ("no-aes", "xts(ecb(aes-generic))", True)],
+)
+def test_the_driver_dm_crypt_gets_is_the_best_one_registered(recording, driver, generic):
+    """Recorded in the lab guest with a LUKS2 device open: QEMU's "max" CPU (AES-NI emulated)
+    and "max,aes=off"."""
+    entries = kcrypto.parse_proc_crypto(proc_crypto(recording))
+    assert kcrypto.algorithm_of("aes-xts-plain64") == "xts(aes)"
+    found = kcrypto.driver_of(entries, "xts(aes)")
+    assert found["driver"] == driver and found["generic"] is generic
+
+
+def test_an_algorithm_nothing_registered_has_no_driver():
+    entries = kcrypto.parse_proc_crypto(proc_crypto("aesni"))
+    assert kcrypto.driver_of(entries, "cbc(serpent)") is None
+    assert kcrypto.algorithm_of("cipher_null") is None and kcrypto.algorithm_of("") is None
+    assert kcrypto.algorithm_of("aes-cbc-essiv:sha256") == "cbc(aes)"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        b"name : x\n",
+        "name : x\ndriver : y\n",  # no priority
+        "name : x\ndriver : y\npriority : high\n",
+        "name : x\ndriver : y\npriority : 1\nname : z\n",  # no blank line between entries
+        "garbage without a colon\n",
+    ],
+)
+def test_malformed_proc_crypto_is_its_own_error(text):
+    with pytest.raises(kcrypto.ProcCryptoError):
+        kcrypto.parse_proc_crypto(text)

@@ -5,6 +5,7 @@ import copy
 import json
 
 import hana_storage_pillar as hp
+import hana_storage_rules as rules
 import jinja2
 import pytest
 import yaml
@@ -30,7 +31,7 @@ GOOD = {
 
 
 def errors_of(pillar, facts=None):
-    return hp.validate(hp.merge(DEFAULTS, pillar), SCHEMA, facts)
+    return hp.validate(hp.merge(DEFAULTS, pillar), SCHEMA, facts, rules.auto_rules())
 
 
 def test_defaults_and_schema_are_consistent():
