@@ -67,19 +67,6 @@ USERSPACE_MOUNT_OPTIONS = {
     "_netdev",
 }
 
-PATTERN_HELP = {
-    "abspath": "an absolute path without spaces",
-    "devpath": "a device path under /dev/ (letters, digits and ._:+=- only)",
-    "lvm_name": "an LVM name: letters, digits and +_.- , not starting with '-', at most 127 characters",
-    "dm_name": "a device-mapper name: letters, digits and _.+- , 1 to 96 characters",
-    "volume_name": "a volume name: lower-case letter first, then lower-case letters, digits or _, at most 16",
-    "size": "an LV size like 100%FREE, 90%VG or 500G",
-    "mkfs_option": "a single mkfs.xfs option like '-m crc=1' or '-l size=64m'",
-    "mount_option": "a mount option like noatime, logbsize=256k or x-systemd.device-timeout=30",
-    "rule_id": "a rule ID like HANA-PERF-002",
-    "size_kib": "a size in KiB (integer) or a string like '256k' or '1m'",
-}
-
 
 class PillarError(ValueError):
     """The pillar cannot be normalised; carries the list of errors."""
@@ -127,26 +114,10 @@ def _type_name(value):
     }.get(type(value), type(value).__name__)
 
 
-def _pattern_help(error):
-    ref_names = {
-        "^/[^\\s]*$": "abspath",
-        "^[A-Za-z0-9+_.][A-Za-z0-9+_.-]{0,126}$": "lvm_name",
-        "^[A-Za-z0-9_.+-]{1,96}$": "dm_name",
-        "^[a-z][a-z0-9_]{0,15}$": "volume_name",
-        "^HANA-(ENC|PERF|LAYOUT|PERSIST|KEY|MOUNT)-[0-9]{3}$": "rule_id",
-    }
-    pattern = error.validator_value
-    if pattern in ref_names:
-        return PATTERN_HELP[ref_names[pattern]]
-    if pattern.startswith("^/dev/"):
-        return PATTERN_HELP["devpath"]
-    if "FREE" in pattern:
-        return PATTERN_HELP["size"]
-    if pattern.startswith("^-"):
-        return PATTERN_HELP["mkfs_option"]
-    if pattern.startswith("^([a-z0-9_]+|x-"):
-        return PATTERN_HELP["mount_option"]
-    return f"a string matching {pattern}"
+def _help(error):
+    """What a value must be, in words: the failing schema's ``description`` (schema.json keeps
+    the help next to the rule it explains)."""
+    return error.schema.get("description") or f"a string matching {error.validator_value}"
 
 
 def _schema_message(error):
@@ -169,9 +140,9 @@ def _schema_message(error):
         shown = ", ".join(str(a) for a in allowed)
         return [f"{where}: must be one of: {shown}; got {_show(value, where)}"]
     if kind == "pattern":
-        return [f"{where}: must be {_pattern_help(error)}; got {_show(value, where)}"]
+        return [f"{where}: must be {_help(error)}; got {_show(value, where)}"]
     if kind == "oneOf":
-        return [f"{where}: must be {PATTERN_HELP['size_kib']}; got {_show(value, where)}"]
+        return [f"{where}: must be {_help(error)}; got {_show(value, where)}"]
     if kind == "propertyNames":
         return [f"{where}: volume name {_show(value, where)} is not allowed"]
     if kind in ("minimum", "maximum"):
