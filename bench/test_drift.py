@@ -13,8 +13,8 @@ import time
 
 import pytest
 
+from tests.support.lab_master import BEACON, KEY, MINION, connect_minion, lab_master, wait_for
 from tests.vm.conftest import boot
-from tests.vm.test_events import BEACON, KEY, MINION, connect_minion, master_overrides, wait_for
 
 pytestmark = pytest.mark.vm
 
@@ -29,7 +29,7 @@ def vm(request):
 
 @pytest.fixture(scope="module")
 def master(salt_factories, tmp_path_factory, vm):
-    overrides = master_overrides(tmp_path_factory, vm)
+    overrides = lab_master(tmp_path_factory, vm)
     factory = salt_factories.salt_master_daemon("hana-drift-master", overrides=overrides)
     with factory.started(start_timeout=120):
         yield factory

@@ -28,7 +28,6 @@ rates is what the tuning buys, measured in the same run.
 import collections
 import contextlib
 import os
-import socket
 import threading
 import time
 import urllib.request
@@ -38,10 +37,9 @@ import salt.utils.event
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests import beacon_events
-from tests.conftest import REPO, shipped_reactor
+from tests.conftest import REPO
 from tests.support.keys import keypair
-
-REACTOR = shipped_reactor()
+from tests.support.master import formula_master, free_port
 
 MINIONS, FINDINGS = int(os.environ.get("BENCH_MINIONS", 1000)), 10
 WITHHOLD_EVERY = 1000  # one violation in this many never reaches the bus: the audit round must catch it
@@ -50,31 +48,21 @@ DEFAULTS_SAMPLE = 300  # events sent to the master with Salt's defaults (~100 s 
 # against every accepted key (O(keys) per reaction), and the publisher drops a subscriber - the
 # reactor - that falls 10,000 events behind.
 LARGE_FLEET = {"runnerclient_returns": False, "pub_server_write_queue_size": 100000}
-MANUAL_RULES = sorted(r for r, (_s, remediation, _t) in rules.RULES.items() if remediation == "manual")
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+MANUAL_RULES = sorted(r for r, rule in rules.RULES.items() if rule.remediation == "manual")
 
 
 @contextlib.contextmanager
 def master(salt_factories, name, tuning):
     port = free_port()
-    overrides = {
-        "interface": "127.0.0.1",
-        "file_roots": {"base": [str(REPO / "salt"), str(REPO)]},
-        "runner_dirs": [str(REPO / "_runners")],
-        "engines_dirs": [str(REPO / "_engines")],
-        "utils_dirs": [str(REPO / "_utils")],
-        "reactor": REACTOR,
-        "engines": [{"hana_storage_exporter": {"port": port}}],
-        "hana_storage": {"cooldown": 3600, "max_event_age": 7200},  # the backlog drains for minutes
-        "reactor_worker_hwm": 20000,  # the queue must hold a burst of 10,000 (Salt's default: 10,000)
-        "log_level_logfile": "warning",
+    overrides = formula_master(
+        reactor=True,
+        exporter_port=port,
+        interface="127.0.0.1",
+        hana_storage={"cooldown": 3600, "max_event_age": 7200},  # the backlog drains for minutes
+        reactor_worker_hwm=20000,  # the queue must hold a burst of 10,000 (Salt's default: 10,000)
+        log_level_logfile="warning",
         **tuning,
-    }
+    )
     factory = salt_factories.salt_master_daemon(name, overrides=overrides)
     with factory.started(start_timeout=120):
         factory.metrics_url = f"http://127.0.0.1:{port}/metrics"
@@ -117,7 +105,7 @@ def simulated_fleet(master, limit=None):
                 break
             finding = {
                 "rule": rule,
-                "severity": rules.RULES[rule][0],
+                "severity": rules.RULES[rule].severity,
                 "volume": "data",
                 "mountpoint": "/hana/data",
                 "device": "/dev/vda",

@@ -25,19 +25,6 @@ def salt_factories_default_root_dir():
     shutil.rmtree(root, ignore_errors=True)
 
 
-def shipped_reactor():
-    """The reactor map of conf/master.d/hana-storage.conf, its paths pointed at this checkout."""
-    import yaml
-
-    conf = yaml.safe_load((REPO / "conf" / "master.d" / "hana-storage.conf").read_text())
-    checkout = "/srv/formulas/hana-storage-formula"
-    return [
-        {tag: [path.replace(checkout, str(REPO)) for path in paths]}
-        for entry in conf["reactor"]
-        for tag, paths in entry.items()
-    ]
-
-
 def pytest_sessionfinish(session, exitstatus):
     """Drop what Salt's deferred start-up log handler queued during the tests.
 

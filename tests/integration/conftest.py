@@ -3,7 +3,7 @@
 import pytest
 import yaml
 
-from tests.conftest import REPO
+from tests.support.master import formula_master
 
 pytestmark = pytest.mark.integration
 
@@ -18,12 +18,7 @@ def pillar_tree(tmp_path_factory):
 
 @pytest.fixture(scope="package")
 def master(salt_factories, pillar_tree):
-    overrides = {
-        # the same two roots as conf/master.d/hana-storage.conf
-        "file_roots": {"base": [str(REPO / "salt"), str(REPO)]},
-        "pillar_roots": {"base": [str(pillar_tree)]},
-    }
-    factory = salt_factories.salt_master_daemon("hana-master", overrides=overrides)
+    factory = salt_factories.salt_master_daemon("hana-master", overrides=formula_master(pillar_tree))
     with factory.started(start_timeout=120):
         yield factory
 

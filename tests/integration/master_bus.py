@@ -1,6 +1,5 @@
 """The master's event bus and exporter as the integration tests use them (fixtures: conftest.py)."""
 
-import socket
 import time
 import urllib.request
 
@@ -8,12 +7,6 @@ import salt.utils.event
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests import beacon_events
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Bus:

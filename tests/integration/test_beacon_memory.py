@@ -14,9 +14,8 @@ import stat
 import time
 
 import pytest
-import yaml
 
-from tests.conftest import REPO
+from tests.support.master import formula_master, pillar_tree
 
 pytestmark = pytest.mark.integration
 
@@ -31,14 +30,8 @@ BEACON = [{"interval": 1}, {"full_audit_interval": 10}, {"uevents": True}]
 
 @pytest.fixture(scope="module")
 def memory_master(salt_factories, tmp_path_factory):
-    pillar = tmp_path_factory.mktemp("beacon-pillar")
-    (pillar / "top.sls").write_text("base:\n  '*':\n    - hana\n")
-    (pillar / "hana.sls").write_text(yaml.safe_dump({"hana": {"storage": STORAGE}}))
-    overrides = {
-        "file_roots": {"base": [str(REPO / "salt"), str(REPO)]},
-        "pillar_roots": {"base": [str(pillar)]},
-    }
-    factory = salt_factories.salt_master_daemon("hana-memory-master", overrides=overrides)
+    pillar = pillar_tree(tmp_path_factory.mktemp("beacon-pillar"), STORAGE)
+    factory = salt_factories.salt_master_daemon("hana-memory-master", overrides=formula_master(pillar))
     with factory.started(start_timeout=120):
         yield factory
 
@@ -60,8 +53,9 @@ def beacon_events(event_listener, minion, kind, after):
     return [e.data for e in sorted(found, key=lambda e: e.stamp)]
 
 
-def next_audit(event_listener, minion, after, timeout=90):
-    """The first audit event of the minion's beacon after ``after``."""
+def next_audit(event_listener, minion, after, timeout=240):
+    """The first audit event of the minion's beacon after ``after``. A new loader loads every
+    beacon module first: on a machine the VM tier keeps busy that took more than 90 s once."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = beacon_events(event_listener, minion, "audit", after)

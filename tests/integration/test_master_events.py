@@ -30,8 +30,8 @@ import pytest
 import yaml
 
 from tests import beacon_events
-from tests.conftest import REPO, shipped_reactor
-from tests.integration.master_bus import Bus, free_port, wait_for_reactor, wait_until
+from tests.integration.master_bus import Bus, wait_for_reactor, wait_until
+from tests.support.master import formula_master, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -59,16 +59,9 @@ def events_pillar(tmp_path_factory):
 @pytest.fixture(scope="module")
 def events_master(salt_factories, events_pillar, event_listener):
     port = free_port()
-    overrides = {
-        "file_roots": {"base": [str(REPO / "salt"), str(REPO)]},
-        "pillar_roots": {"base": [str(events_pillar.root)]},
-        "runner_dirs": [str(REPO / "_runners")],
-        "utils_dirs": [str(REPO / "_utils")],
-        "engines_dirs": [str(REPO / "_engines")],
-        "reactor": shipped_reactor(),
-        "engines": [{"hana_storage_exporter": {"port": port}}],
-        "hana_storage": {"cooldown": COOLDOWN},
-    }
+    overrides = formula_master(
+        events_pillar.root, reactor=True, exporter_port=port, hana_storage={"cooldown": COOLDOWN}
+    )
     factory = salt_factories.salt_master_daemon("hana-events-master", overrides=overrides)
     with factory.started(start_timeout=120):
         wait_for_reactor(factory, event_listener)

@@ -15,9 +15,9 @@ import pytest
 import salt.utils.event
 
 from tests import beacon_events
-from tests.conftest import REPO, shipped_reactor
 from tests.integration.master_bus import wait_for_reactor
 from tests.support.keys import write_keypair
+from tests.support.master import formula_master
 
 pytestmark = pytest.mark.integration
 
@@ -27,13 +27,7 @@ COOLDOWN = 8
 
 @pytest.fixture(scope="module")
 def reactor_master(salt_factories, tmp_path_factory, event_listener):
-    overrides = {
-        "file_roots": {"base": [str(REPO / "salt"), str(REPO)]},
-        "runner_dirs": [str(REPO / "_runners")],
-        "utils_dirs": [str(REPO / "_utils")],
-        "reactor": shipped_reactor(),
-        "hana_storage": {"cooldown": COOLDOWN},
-    }
+    overrides = formula_master(reactor=True, hana_storage={"cooldown": COOLDOWN})
     factory = salt_factories.salt_master_daemon("hana-reactor-master", overrides=overrides)
     keys = tmp_path_factory.mktemp("sim")
     pem, pub = write_keypair(keys, "minion")

@@ -15,43 +15,22 @@ violation and to the resolved event on the master bus are printed (and kept in b
 import base64
 import json
 import os
-import socket
 import time
 import urllib.request
 
 import pytest
 import salt.utils.event
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests import beacon_events
-from tests.conftest import REPO, shipped_reactor
+from tests.conftest import REPO
+from tests.support.lab_master import BEACON, KEY, MINION, connect_minion, lab_master, wait_for
+from tests.support.master import free_port
 from tests.vm.conftest import boot
-
-REACTOR = shipped_reactor()
 
 pytestmark = pytest.mark.vm
 
-MINION = "hana-lab"
-BEACON = f"salt/beacon/{MINION}/hana_storage"
-KEY = "/run/hana-storage/keys/hana.key"
 LATENCIES = REPO / "build" / "event-latencies.json"
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def lab_pillar(vm):
-    storage = yaml.safe_load(vm.pillar())["hana"]["storage"]
-    storage["volumes"] = {
-        "data": {"mountpoint": "/hana/data", "devices": ["/dev/vda", "/dev/vdb"], "stripe_size": 256},
-        "shared": {"mountpoint": "/hana/shared", "devices": ["/dev/vdc"]},
-    }
-    storage["compliance"]["beacon"] = {"interval": 1, "full_audit_interval": 3600}
-    return {"hana": {"storage": storage}}
 
 
 @pytest.fixture(scope="module")
@@ -61,45 +40,13 @@ def vm(request):
     return vm
 
 
-def master_overrides(tmp_path_factory, vm, **extra):
-    """A master on loopback serving the formula, the lab pillar and the master-side modules
-    straight from the checkout (production: salt-run saltutil.sync_all)."""
-    pillar = tmp_path_factory.mktemp("pillar")
-    (pillar / "top.sls").write_text("base:\n  '*':\n    - hana\n")
-    (pillar / "hana.sls").write_text(yaml.safe_dump(lab_pillar(vm)))
-    return {
-        "interface": "127.0.0.1",
-        "auto_accept": True,
-        "file_roots": {"base": [str(REPO / "salt"), str(REPO)]},
-        "pillar_roots": {"base": [str(pillar)]},
-        "runner_dirs": [str(REPO / "_runners")],
-        "utils_dirs": [str(REPO / "_utils")],
-        **extra,
-    }
-
-
-def connect_minion(vm, master):
-    """Start the VM's salt-minion and wait until it answers; returns the master's salt CLI."""
-    vm.start_minion(master.config["ret_port"], master.config["publish_port"], MINION)
-    cli = master.salt_cli(timeout=900)
-    deadline = time.monotonic() + 600
-    # a short CLI timeout: a publish sent before the minion connected is never answered
-    while cli.run("--timeout=30", "test.ping", minion_tgt=MINION).data is not True:
-        if time.monotonic() > deadline:
-            pytest.fail(f"the minion in the VM never answered; read {vm.console} and {vm.minion_log()}")
-        time.sleep(5)
-    return cli
-
-
 @pytest.fixture(scope="module")
 def master(request, salt_factories, tmp_path_factory, vm):
     port = free_port()
-    overrides = master_overrides(
+    overrides = lab_master(
         tmp_path_factory,
         vm,
-        engines_dirs=[str(REPO / "_engines")],
-        reactor=REACTOR,
-        engines=[{"hana_storage_exporter": {"port": port}}],
+        exporter_port=port,
         hana_storage={"cooldown": 20},
         gather_job_timeout=60,  # a minion under software emulation answers find_job slowly
     )
@@ -125,26 +72,6 @@ def applied(vm, minion):
     failed = [s["comment"] for s in states.values() if s["result"] is not True]
     assert not failed, f"{failed}; read {vm.minion_log()}"
     return started
-
-
-def wait_for(event_listener, master, tags, after, timeout=240):
-    """The first event of each tag (fnmatch) after ``after``; fails with what did arrive."""
-    matched = event_listener.wait_for_events(
-        [(master.id, t) for t in tags], after_time=after, timeout=timeout
-    )
-    assert matched.found_all_events, (
-        f"missing {[t for _, t in matched.missed]}; got "
-        f"{[(e.tag, e.data.get('rule')) for e in event_listener.get_events([(master.id, '*')], after_time=after)]}"
-    )
-    return {
-        tag: next(e for e in matched.matches if e.tag == tag or event_fnmatch(e.tag, tag)) for tag in tags
-    }
-
-
-def event_fnmatch(tag, pattern):
-    import fnmatch
-
-    return fnmatch.fnmatch(tag, pattern)
 
 
 def metrics(master):

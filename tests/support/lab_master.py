@@ -1,0 +1,61 @@
+"""The lab VM's salt-minion daemon and a master on the host: what tests/vm/test_events.py and
+bench/test_drift.py share."""
+
+import fnmatch
+import time
+
+import pytest
+import yaml
+
+from tests.support.master import formula_master, pillar_tree
+
+MINION = "hana-lab"
+BEACON = f"salt/beacon/{MINION}/hana_storage"
+KEY = "/run/hana-storage/keys/hana.key"
+
+
+def lab_storage(vm):
+    """The lab pillar with two volumes: data striped over vda and vdb, shared on vdc; the beacon
+    ticks every second and its full audit is an hour away, so what it reports came from the
+    kernel."""
+    storage = yaml.safe_load(vm.pillar())["hana"]["storage"]
+    storage["volumes"] = {
+        "data": {"mountpoint": "/hana/data", "devices": ["/dev/vda", "/dev/vdb"], "stripe_size": 256},
+        "shared": {"mountpoint": "/hana/shared", "devices": ["/dev/vdc"]},
+    }
+    storage["compliance"]["beacon"] = {"interval": 1, "full_audit_interval": 3600}
+    return storage
+
+
+def lab_master(tmp_path_factory, vm, **options):
+    """A master on loopback that the guest reaches (10.0.2.2), accepting its key, serving the
+    formula, the lab pillar, the shipped reactor and the master-side modules."""
+    pillar = pillar_tree(tmp_path_factory.mktemp("pillar"), lab_storage(vm))
+    return formula_master(pillar, reactor=True, interface="127.0.0.1", auto_accept=True, **options)
+
+
+def connect_minion(vm, master):
+    """Start the VM's salt-minion and wait until it answers; returns the master's salt CLI."""
+    vm.start_minion(master.config["ret_port"], master.config["publish_port"], MINION)
+    cli = master.salt_cli(timeout=900)
+    deadline = time.monotonic() + 600
+    # a short CLI timeout: a publish sent before the minion connected is never answered
+    while cli.run("--timeout=30", "test.ping", minion_tgt=MINION).data is not True:
+        if time.monotonic() > deadline:
+            pytest.fail(f"the minion in the VM never answered; read {vm.console} and {vm.minion_log()}")
+        time.sleep(5)
+    return cli
+
+
+def wait_for(event_listener, master, tags, after, timeout=240):
+    """The first event of each tag (fnmatch) after ``after``; fails with what did arrive."""
+    matched = event_listener.wait_for_events(
+        [(master.id, t) for t in tags], after_time=after, timeout=timeout
+    )
+    assert matched.found_all_events, (
+        f"missing {[t for _, t in matched.missed]}; got "
+        f"{[(e.tag, e.data.get('rule')) for e in event_listener.get_events([(master.id, '*')], after_time=after)]}"
+    )
+    return {
+        tag: next(e for e in matched.matches if e.tag == tag or fnmatch.fnmatch(e.tag, tag)) for tag in tags
+    }

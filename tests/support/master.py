@@ -1,0 +1,53 @@
+"""A salt-master configured the way conf/master.d/hana-storage.conf configures one, for the
+masters that tests and benchmarks start (pytest-salt-factories ``overrides``)."""
+
+import socket
+
+import yaml
+
+from tests.conftest import REPO
+
+# where conf/master.d/hana-storage.conf expects the checkout
+INSTALLED_AT = "/srv/formulas/hana-storage-formula"
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def shipped_reactor():
+    """The reactor map of conf/master.d/hana-storage.conf, its paths pointed at this checkout."""
+    conf = yaml.safe_load((REPO / "conf" / "master.d" / "hana-storage.conf").read_text())
+    return [
+        {tag: [path.replace(INSTALLED_AT, str(REPO)) for path in paths]}
+        for entry in conf["reactor"]
+        for tag, paths in entry.items()
+    ]
+
+
+def pillar_tree(root, storage):
+    """A pillar_roots tree giving every minion ``hana:storage`` = ``storage``; returns ``root``."""
+    (root / "top.sls").write_text("base:\n  '*':\n    - hana\n")
+    (root / "hana.sls").write_text(yaml.safe_dump({"hana": {"storage": storage}}))
+    return root
+
+
+def formula_master(pillar_root=None, reactor=False, exporter_port=None, **extra):
+    """Master overrides: the formula's two file roots; with ``reactor`` the shipped reactor map
+    and the master-side modules it runs (runner, utils); with ``exporter_port`` the Prometheus
+    exporter engine on that port. Master-side modules load straight from the checkout
+    (production: salt-run saltutil.sync_all)."""
+    overrides = {"file_roots": {"base": [str(REPO / "salt"), str(REPO)]}}
+    if pillar_root is not None:
+        overrides["pillar_roots"] = {"base": [str(pillar_root)]}
+    if reactor or exporter_port:
+        overrides["runner_dirs"] = [str(REPO / "_runners")]
+        overrides["utils_dirs"] = [str(REPO / "_utils")]
+    if reactor:
+        overrides["reactor"] = shipped_reactor()
+    if exporter_port:
+        overrides["engines_dirs"] = [str(REPO / "_engines")]
+        overrides["engines"] = [{"hana_storage_exporter": {"port": exporter_port}}]
+    return {**overrides, **extra}
