@@ -141,12 +141,17 @@ class Metrics:
         self.series[minion] = self.series.get(minion, set()) | set(counts)
 
 
+def _util(name):
+    """The formula's pure code, through the loader as the other modules reach it."""
+    return __utils__[f"hana_storage_{name}"]
+
+
 def handle(metrics, tag, data, verify=None, verify_master=None):
     """Update ``metrics`` from one event. ``verify(tag, data)`` (a beacon event) and
     ``verify_master(tag, data)`` (an event of the master's, ``hana/storage/*``) return None or
     ``{"code", "reason"}``: why it is not counted."""
     if tag.startswith(BEACON_PREFIX):
-        minion, event = __utils__["hana_storage_events.minion_of_tag"](tag)
+        minion, event = _util("events.minion_of_tag")(tag)
         if minion is None:
             return
         problem = verify(tag, data) if verify else None

@@ -77,6 +77,11 @@ def __virtual__():
     return __virtualname__
 
 
+def _util(name):
+    """The formula's pure code, through the loader as the other modules reach it."""
+    return __utils__[f"hana_storage_{name}"]
+
+
 def _config():
     return {**DEFAULTS, **(__opts__.get("hana_storage") or {})}
 
@@ -104,7 +109,7 @@ def _master_signature(tag, data):
     a 4096-bit one on the test machine, per event, in the reactor's threads. The padding and hash
     are PKCS1v15_SHA224: what ``salt.crypt.verify_signature(..., algorithm=SIGNING)`` checks.
     """
-    message = __utils__["hana_storage_events.master_signed_bytes"](tag, data)
+    message = _util("events.master_signed_bytes")(tag, data)
     passphrase = salt.utils.sdb.sdb_get(__opts__.get("key_pass"), __opts__)
     key = salt.crypt.get_rsa_key(os.path.join(__opts__["pki_dir"], "master.pem"), passphrase)
     return base64.b64encode(key.sign(message, padding.PKCS1v15(), hashes.SHA224())).decode()
@@ -128,7 +133,7 @@ def verify_master(tag, data):
     signature = data.get("sig") if isinstance(data, dict) else None
     if not isinstance(signature, str) or not signature:
         return {"code": "forged_master_event", "reason": "unsigned: the master signs every event it fires"}
-    message = __utils__["hana_storage_events.master_signed_bytes"](tag, data)
+    message = _util("events.master_signed_bytes")(tag, data)
     pub = os.path.join(__opts__["pki_dir"], "master.pub")
     try:
         good = salt.crypt.verify_signature(pub, message, base64.b64decode(signature), algorithm=SIGNING)
@@ -177,7 +182,7 @@ def verify(tag, data):
         salt-run hana_storage.verify tag=salt/beacon/db1/hana_storage/violation data='{...}'
     """
     config = _config()
-    minion, event = __utils__["hana_storage_events.minion_of_tag"](tag)
+    minion, event = _util("events.minion_of_tag")(tag)
     if not minion or not salt.utils.verify.valid_id(__opts__, minion):
         return {"code": "unknown_minion", "reason": "the tag names no valid minion id"}
     pub = os.path.join(__opts__["pki_dir"], "minions", minion)
@@ -188,7 +193,7 @@ def verify(tag, data):
         if config["require_signature"]:
             return {"code": "unsigned", "reason": "unsigned event"}
         return None
-    message = __utils__["hana_storage_events.signed_bytes"](minion, event, data)
+    message = _util("events.signed_bytes")(minion, event, data)
     try:
         good = salt.crypt.verify_signature(pub, message, base64.b64decode(signature), algorithm=SIGNING)
     except Exception:  # noqa: BLE001 - a malformed signature is a forgery like any other
@@ -282,7 +287,7 @@ def _release(minion, rule, key, keep_cooldown=False):
 def _violation_finding(data):
     """The finding a violation event reports, with the occurrence it is (key, since)."""
     finding = {k: data.get(k) for k in FACTS}
-    finding["key"] = data.get("key") or __utils__["hana_storage_events.finding_key"](finding)
+    finding["key"] = data.get("key") or _util("events.finding_key")(finding)
     # the occurrence's first report (the beacon's since: the same on every master connection);
     # a beacon from before the field sends only ts, which is its since
     since = data.get("since")
@@ -314,7 +319,7 @@ def triage(tag, data):
 
         salt-run hana_storage.triage tag=salt/beacon/db1/hana_storage/violation data='{...}'
     """
-    minion, event = __utils__["hana_storage_events.minion_of_tag"](tag)
+    minion, event = _util("events.minion_of_tag")(tag)
     if event not in ("violation", "audit") or not isinstance(data, dict):
         return {"action": "ignored", "reason": "not a hana_storage violation or audit event"}
     problem = verify(tag, data)
@@ -324,13 +329,13 @@ def triage(tag, data):
         return {"action": "rejected", "minion": minion, **problem}
     if event == "violation":
         return _handle(minion, [_violation_finding(data)], event)[0]
-    findings = __utils__["hana_storage_events.open_findings"](data)
+    findings = _util("events.open_findings")(data)
     return {"action": "reconciled", "minion": minion, "findings": _handle(minion, findings, event)}
 
 
 def _handle(minion, findings, via):
     """One result per finding: alert the manual ones, remediate the auto ones in one orchestration."""
-    config, known = _config(), __utils__["hana_storage_rules.rule_table"]()
+    config, known = _config(), _util("rules.rule_table")()
     results, to_fix = [], []
     for finding in findings:
         rule = finding.get("rule")
@@ -463,7 +468,7 @@ def report(tgt="*", tgt_type="glob", timeout=None):
         timeout=timeout or config["report_timeout"],
         full_return=True,
     )
-    fleet = __utils__["hana_storage_report.fleet"](returns)
+    fleet = _util("report.fleet")(returns)
     if __opts__.get("output"):
         return fleet
-    return __utils__["hana_storage_report.table"](fleet["rows"])
+    return _util("report.table")(fleet["rows"])
