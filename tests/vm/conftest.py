@@ -33,3 +33,53 @@ def beacon_tick(vm):
     """One beacon tick (a full audit) through Salt's loader in the guest: its events, or its crash."""
     out = vm.run(f"python3 {REPO}/lab/guest_beacon.py once", check=True, echo=False, timeout=900).output
     return json.loads(out.strip().splitlines()[-1])
+
+
+# The host's boot path, no Salt: LVM activation, systemd-cryptsetup for every crypttab line (a
+# UUID= resolved to a multipath map where there is one, as udev's by-uuid link would: never to
+# one of its paths), LVM again (below LVM the PVs appear only now), then every XFS mount of
+# /etc/fstab.
+BOOT_WITHOUT_SALT = r"""set -u
+attach() {
+  while read -r name dev key opts; do
+    case "$name" in ''|'#'*) continue;; esac
+    [ -e "/dev/mapper/$name" ] && continue
+    case "$dev" in UUID=*)
+      found=$(blkid -t "$dev" -o device | grep -m1 '^/dev/mapper/' || blkid -t "$dev" -o device | head -n1);;
+    *) found=$dev;; esac
+    [ -n "$found" ] || continue
+    echo "attach $name $found $opts"
+    /lib/systemd/systemd-cryptsetup attach "$name" "$found" "$key" "$opts" 2>&1 || echo "ATTACH FAILED $name"
+  done </etc/crypttab
+}
+vgchange -q -ay >/dev/null 2>&1; attach; vgchange -q -ay >/dev/null 2>&1
+for point in $(awk '$3 == "xfs" {print $2}' /etc/fstab); do mount "$point" && echo "mounted $point"; done
+"""
+
+
+def close_storage(vm, mountpoints, vgs, then=""):
+    """Unmount, close every crypt device and deactivate the VGs, as a shutdown does; ``then``:
+    more shell to run after (the multipath module removes and re-creates its maps)."""
+    vm.run(
+        "set -e\n"
+        + "".join(f"umount {m}\n" for m in mountpoints)
+        # above LVM the crypt device sits on the LV, below it under it: close, deactivate, close
+        + "crypts() { dmsetup ls --target crypt | awk '$1 != \"No\" {print $1}'; }\n"
+        "for m in $(crypts); do cryptsetup close $m 2>/dev/null || true; done\n"
+        f"vgchange -q -an {' '.join(vgs)}\n"
+        "for m in $(crypts); do cryptsetup close $m; done\n" + then,
+        check=True,
+        title=f"shutting the storage down: {', '.join(mountpoints)}",
+    )
+
+
+def boot_without_salt(vm):
+    """BOOT_WITHOUT_SALT in the guest; fails unless every crypttab line attached with every
+    option accepted. Returns its output."""
+    out = vm.run(
+        BOOT_WITHOUT_SALT, title="booting the storage without Salt: systemd-cryptsetup, LVM, fstab"
+    ).output
+    assert "ATTACH FAILED" not in out, out
+    lowered = out.lower()
+    assert "unknown" not in lowered and "ignoring" not in lowered, out  # every crypttab option accepted
+    return out

@@ -187,7 +187,7 @@ def test_every_rule_fires_somewhere(audit):
     fired = {f["rule"] for f in audit["findings"]}
     # LAYOUT-004 (suspended, missing): test_suspended_crypt_and_missing_stripe_disk_... below;
     # LAYOUT-005 and -006 (multipath paths, unstable names): tests/vm/test_multipath.py;
-    # PERF-005 (a generic AES driver) needs a CPU without AES instructions: tests/vm/test_cpu.py
+    # PERF-005 (a generic AES driver) needs a CPU without AES instructions: tests/vm/test_lab_boot.py
     elsewhere = {"HANA-LAYOUT-004", "HANA-LAYOUT-005", "HANA-LAYOUT-006", "HANA-PERF-005"}
     assert fired >= set(hana_storage_rules.RULES) - elsewhere
 

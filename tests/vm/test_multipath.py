@@ -18,7 +18,7 @@ import hana_storage_report
 import pytest
 import yaml
 
-from tests.vm.conftest import beacon_tick, boot
+from tests.vm.conftest import beacon_tick, boot, boot_without_salt, close_storage
 
 pytestmark = pytest.mark.vm
 
@@ -62,40 +62,10 @@ SEED_BELOW = {
     }
 }
 
-# The host's boot path, no Salt: LVM activation, systemd-cryptsetup for every crypttab line (a
-# UUID= resolved to the multipath map, as udev's by-uuid link would: never to one of its paths),
-# LVM again (below LVM the PVs appear only now), then every XFS mount of /etc/fstab.
-BOOT = r"""set -u
-attach() {
-  while read -r name dev key opts; do
-    case "$name" in ''|'#'*) continue;; esac
-    [ -e "/dev/mapper/$name" ] && continue
-    case "$dev" in UUID=*)
-      found=$(blkid -t "$dev" -o device | grep -m1 '^/dev/mapper/' || blkid -t "$dev" -o device | head -n1);;
-    *) found=$dev;; esac
-    [ -n "$found" ] || continue
-    echo "attach $name $found $opts"
-    /lib/systemd/systemd-cryptsetup attach "$name" "$found" "$key" "$opts" 2>&1 || echo "ATTACH FAILED $name"
-  done </etc/crypttab
-}
-vgchange -q -ay >/dev/null 2>&1; attach; vgchange -q -ay >/dev/null 2>&1
-for point in $(awk '$3 == "xfs" {print $2}' /etc/fstab); do mount "$point" && echo "mounted $point"; done
-"""
-
 
 def close_all(vm, mountpoint, vg):
-    vm.run(
-        f"set -e; umount {mountpoint}\n"
-        # above LVM the crypt device sits on the LV, below it under it: close, deactivate, close
-        "crypts() { dmsetup ls --target crypt | awk '$1 != \"No\" {print $1}'; }\n"
-        "for m in $(crypts); do cryptsetup close $m 2>/dev/null || true; done\n"
-        f"vgchange -q -an {vg}\n"
-        "for m in $(crypts); do cryptsetup close $m; done\n"
-        + "".join(f"dmsetup remove {m}\n" for m in MAPS)
-        + create_maps(),  # the maps come back at boot (multipathd)
-        check=True,
-        title=f"closing {mountpoint}, its crypt devices, {vg} and the multipath maps (a reboot)",
-    )
+    """A shutdown: the stack closed and the multipath maps gone; they come back at boot (multipathd)."""
+    close_storage(vm, [mountpoint], [vg], then="".join(f"dmsetup remove {m}\n" for m in MAPS) + create_maps())
 
 
 @pytest.fixture(scope="module")
@@ -140,10 +110,8 @@ def boots_without_salt(vm, mountpoint, vg):
     before = vm.run(f"sha256sum {mountpoint}/keep.bin", echo=False).output
     close_all(vm, mountpoint, vg)
     assert vm.run(f"findmnt {mountpoint}", echo=False).rc != 0
-    out = vm.run(BOOT, title="booting the storage without Salt: systemd-cryptsetup, LVM, fstab").output
-    assert "ATTACH FAILED" not in out and f"mounted {mountpoint}" in out, out
-    lowered = out.lower()
-    assert "unknown" not in lowered and "ignoring" not in lowered, out  # every crypttab option accepted
+    out = boot_without_salt(vm)
+    assert f"mounted {mountpoint}" in out, out
     assert vm.run(f"sha256sum {mountpoint}/keep.bin", echo=False).output == before
     audit = vm.salt("hana_storage.audit", check=True).ret
     assert audit["compliant"] is True, [f["message"] for f in audit["findings"]]
