@@ -19,6 +19,7 @@ import re
 import secrets
 import stat
 
+import salt.utils.args
 import salt.utils.data
 import salt.utils.path
 import salt.utils.platform
@@ -586,7 +587,7 @@ def audit(pillar=None, volumes=None):
     """
     plan = _plan(pillar)
     if volumes:
-        wanted = set(volumes.split(",") if isinstance(volumes, str) else volumes)
+        wanted = set(salt.utils.args.split_input(volumes))
         plan = dict(plan, volumes={n: v for n, v in plan["volumes"].items() if n in wanted})
     report = _util("rules.audit")(plan, _facts(plan))
     for name, volume in plan["volumes"].items():  # kernel names, for the beacon to map uevents
@@ -723,8 +724,7 @@ def probe(devices, key_file=None):
 
         salt '*' hana_storage.probe /dev/vdb,/dev/vdc
     """
-    if isinstance(devices, str):
-        devices = [d for d in devices.split(",") if d]
+    devices = [d for d in salt.utils.args.split_input(devices) if d]
     groups = None  # one `pvs` for all devices, and only if one of them is a PV
     mounts = _mounts()
     probes = {}
@@ -822,7 +822,7 @@ def remediate(rules=None, pillar=None):
     policy = plan["compliance"]["remediation"]
     auto = _util("rules.auto_rules")()
     allowed = set(policy.get("rules", auto)) if policy.get("enabled", True) else set()
-    wanted = set(rules.split(",") if isinstance(rules, str) else rules or auto)
+    wanted = set(salt.utils.args.split_input(rules) if rules else auto)
     report = _util("rules.audit")(plan, _facts(plan))
     fixed, failed, skipped = [], [], []
     done = set()
@@ -946,9 +946,11 @@ def io_check(volumes=None, size="1G", runtime=30, kpis=None, pillar=None):
         kpi_table = _util("fio.kpis")(kpis)
     except ValueError as error:  # the fio util's FioError
         raise CommandExecutionError(str(error)) from None
-    names = volumes or [n for n in ("log", "data") if n in plan["volumes"]]
-    if isinstance(names, str):
-        names = [n.strip() for n in names.split(",")]
+    names = (
+        salt.utils.args.split_input(volumes)
+        if volumes
+        else [n for n in ("log", "data") if n in plan["volumes"]]
+    )
     size_bytes = _size_bytes(size)
     report, passed = {}, True
     for name in names:
