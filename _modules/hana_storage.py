@@ -313,15 +313,25 @@ def _lvm_segments():
         return {"error": str(err)}
 
 
-def _read_device(name, offset, size):
+@contextlib.contextmanager
+def _reader(path, shown=None):
+    """``read(offset, size)`` on the device (or file) at ``path``: the one way this module reads
+    device bytes, read-only, one descriptor for all reads. An OSError becomes a
+    CommandExecutionError naming ``shown`` (default: the path)."""
+    shown = shown or path
     try:
-        fd = os.open(f"/dev/{name}", os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as error:
-        raise CommandExecutionError(f"cannot open /dev/{name}: {error.strerror}") from None
+        raise CommandExecutionError(f"cannot open {shown}: {error.strerror}") from None
+
+    def read(offset, size):
+        try:
+            return os.pread(fd, size, offset)
+        except OSError as error:
+            raise CommandExecutionError(f"cannot read {shown}: {error.strerror}") from None
+
     try:
-        return os.pread(fd, size, offset)
-    except OSError as error:
-        raise CommandExecutionError(f"cannot read /dev/{name}: {error.strerror}") from None
+        yield read
     finally:
         os.close(fd)
 
@@ -329,14 +339,16 @@ def _read_device(name, offset, size):
 def _header_of(name):
     """LUKS summary of /dev/<name>, or {"error": ...} (never raises)."""
     try:
-        return _util("luks.parse_header")(lambda offset, size: _read_device(name, offset, size))
+        with _reader(f"/dev/{name}") as read:
+            return _util("luks.parse_header")(read)
     except (ValueError, CommandExecutionError) as error:
         return {"error": str(error)}
 
 
 def _superblock_of(name):
     try:
-        return _util("xfs.parse_superblock")(_read_device(name, 0, 512))
+        with _reader(f"/dev/{name}") as read:
+            return _util("xfs.parse_superblock")(read(0, 512))
     except (ValueError, CommandExecutionError) as error:
         return {"error": str(error)}
 
@@ -485,19 +497,11 @@ def luks_header(device):
 
         salt '*' hana_storage.luks_header /dev/vdc
     """
-    path = os.path.realpath(device)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as error:
-        raise CommandExecutionError(f"cannot open {device}: {error.strerror}") from None
-    try:
-        return _util("luks.parse_header")(lambda offset, size: os.pread(fd, size, offset))
-    except OSError as error:
-        raise CommandExecutionError(f"cannot read {device}: {error.strerror}") from None
-    except ValueError as error:
-        raise CommandExecutionError(f"{device}: {error}") from None
-    finally:
-        os.close(fd)
+    with _reader(os.path.realpath(device), device) as read:
+        try:
+            return _util("luks.parse_header")(read)
+        except ValueError as error:
+            raise CommandExecutionError(f"{device}: {error}") from None
 
 
 def xfs_superblock(device):
@@ -511,12 +515,8 @@ def xfs_superblock(device):
 
         salt '*' hana_storage.xfs_superblock /dev/mapper/hana_data
     """
-    path = os.path.realpath(device)
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read(512)
-    except OSError as error:
-        raise CommandExecutionError(f"cannot read {device}: {error.strerror}") from None
+    with _reader(os.path.realpath(device), device) as read:
+        raw = read(0, 512)
     try:
         return _util("xfs.parse_superblock")(raw)
     except ValueError as error:
@@ -540,7 +540,8 @@ def inspect():
         if name.startswith(UNREAD_DEVICE_PREFIXES) or not device["size_bytes"] or device["suspended"]:
             continue
         try:
-            probe = _read_device(name, 0, HEADER_PROBE)
+            with _reader(f"/dev/{name}") as read:
+                probe = read(0, HEADER_PROBE)
         except CommandExecutionError as error:
             device["read_error"] = str(error)
             continue
@@ -656,7 +657,8 @@ def _key_test(name, header, key_file):
         )
     copy = os.memfd_create("hana-storage-luks-header", os.MFD_CLOEXEC)
     try:
-        os.write(copy, _read_device(name, 0, size))
+        with _reader(f"/dev/{name}") as read:
+            os.write(copy, read(0, size))
         result = __salt__["cmd.run_all"](
             [
                 "cryptsetup",
@@ -695,10 +697,11 @@ def _first_data(name, size):
     windows.append((max(size - SAMPLE_BYTES, 0), SAMPLE_BYTES))
     step = max(size // SPREAD_WINDOWS, SPREAD_BYTES)
     windows += [(offset, SPREAD_BYTES) for offset in range(HEAD_BYTES, size, step)]
-    for offset, length in sorted(windows):
-        chunk = _read_device(name, offset, min(length, max(size - offset, 0)))
-        if chunk.count(0) != len(chunk):
-            return offset + next(i for i, byte in enumerate(chunk) if byte)
+    with _reader(f"/dev/{name}") as read:
+        for offset, length in sorted(windows):
+            chunk = read(offset, min(length, max(size - offset, 0)))
+            if chunk.count(0) != len(chunk):
+                return offset + next(i for i, byte in enumerate(chunk) if byte)
     return None
 
 
