@@ -9,6 +9,8 @@ from tests.conftest import REPO
 
 # where conf/master.d/hana-storage.conf expects the checkout
 INSTALLED_AT = "/srv/formulas/hana-storage-formula"
+# what the checkout's root serves in production (the second file root): the custom module dirs
+MODULE_DIRS = ("_modules", "_states", "_beacons", "_utils", "_runners", "_engines")
 
 
 def free_port():
@@ -34,12 +36,28 @@ def pillar_tree(root, storage):
     return root
 
 
+def module_root():
+    """A file root holding only the checkout's module dirs (symlinks), for the test masters.
+
+    Served whole, a development checkout (venvs of three Salt lines, .git: some 45,000 files) is
+    what every fileserver request of ``saltutil.sync_all`` lists: three masters doing that beside
+    the VM tier pushed one sync past two minutes. Idempotent; parallel test runs share it."""
+    root = REPO / "build" / "module-root"
+    root.mkdir(parents=True, exist_ok=True)
+    for name in MODULE_DIRS:
+        try:
+            (root / name).symlink_to(REPO / name, target_is_directory=True)
+        except FileExistsError:
+            pass
+    return root
+
+
 def formula_master(pillar_root=None, reactor=False, exporter_port=None, **extra):
-    """Master overrides: the formula's two file roots; with ``reactor`` the shipped reactor map
+    """Master overrides: the formula's two file roots (the module dirs only, module_root); with ``reactor`` the shipped reactor map
     and the master-side modules it runs (runner, utils); with ``exporter_port`` the Prometheus
     exporter engine on that port. Master-side modules load straight from the checkout
     (production: salt-run saltutil.sync_all)."""
-    overrides = {"file_roots": {"base": [str(REPO / "salt"), str(REPO)]}}
+    overrides = {"file_roots": {"base": [str(REPO / "salt"), str(module_root())]}}
     if pillar_root is not None:
         overrides["pillar_roots"] = {"base": [str(pillar_root)]}
     if reactor or exporter_port:
