@@ -109,11 +109,12 @@ class Metrics:
         self.series = {}  # minion -> (rule, severity) label pairs exported
 
     def audit(self, minion, data):
+        open_findings = {}
+        for key, severity in (data.get("open") or {}).items():
+            finding = _util("events.parse_finding_key")(key)  # ValueError: the event is not counted
+            open_findings[key] = (finding["volume"], finding["rule"], severity)
         self.volumes[minion] = set(data.get("volumes", {}))
-        self.open[minion] = {
-            key: (key.split("|")[1], key.split("|")[0], severity)
-            for key, severity in (data.get("open") or {}).items()
-        }
+        self.open[minion] = open_findings
         self.last_audit.labels(minion).set(float(data.get("ts") or 0))
         self._refresh(minion)
 
@@ -158,13 +159,13 @@ def handle(metrics, tag, data, verify=None, verify_master=None):
         if problem:
             metrics.rejected.labels(problem["code"]).inc()
             return
-        metrics.events.labels(event).inc()
         if event == "audit":
             metrics.audit(minion, data)
         elif event == "violation":
             metrics.violation(minion, data)
         elif event == "resolved":
             metrics.clear(minion, data)
+        metrics.events.labels(event).inc()  # counted once handled: a malformed one raised above
     elif tag.startswith(RUNNER_PREFIX):
         problem = verify_master(tag, data) if verify_master else None
         if problem:
@@ -177,11 +178,11 @@ def handle(metrics, tag, data, verify=None, verify_master=None):
             )
             return
         event = tag[len(RUNNER_PREFIX) :]
-        metrics.events.labels(event).inc()
         if event == "remediation":
             metrics.remediations.labels(data["minion"], data["rule"], data["result"]).inc()
         elif event == "alert":
             metrics.alerts.labels(data["minion"], data["rule"]).inc()
+        metrics.events.labels(event).inc()
 
 
 def start(bind="127.0.0.1", port=9723, verify_signatures=True):

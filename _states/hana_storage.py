@@ -6,6 +6,10 @@ fstab by UUID, and mounting that never displaces a foreign mount. LVM uses Salt'
 Key material never leaves the key state: every other state names the key by its file, and no
 return, change, comment or command line carries it. Every state is idempotent and, with
 ``test=True``, says what it would do without touching anything.
+
+The states read the host through ``hana_storage_host`` and the pillar through
+``hana_storage.validate_pillar``, neither of which runs a state: ``hana_storage.remediate``,
+which runs these states, is never called back.
 """
 
 import base64
@@ -51,7 +55,7 @@ def _run(argv):
 
 
 def _probe(device, key_file=None):
-    return __salt__["hana_storage.probe"]([device], key_file=key_file)[device]
+    return __salt__["hana_storage_host.probe"]([device], key_file=key_file)[device]
 
 
 def _wipe(ret, device, reason):
@@ -261,7 +265,7 @@ def devices_safe(name, volume):
     below = volume["encryption"] == "below_lvm"
     key_file = volume["key"]["file"]
     key_ready = os.path.isfile(key_file)
-    probes = __salt__["hana_storage.probe"](
+    probes = __salt__["hana_storage_host.probe"](
         volume["devices"], key_file=key_file if below and key_ready else None
     )
     verdicts = [_util("safety.disk_verdict")(volume, probes[device]) for device in volume["devices"]]
@@ -337,7 +341,7 @@ def luks_formatted(name, key_file, luks, label, stripe_kib=0, stripes=1, may_wip
     ok, err = _run(_util("commands.luks_format")(name, key_file, luks, label=label, offset_sectors=offset))
     if not ok:
         return _done(ret, f"cryptsetup luksFormat {name} failed: {err}", result=False)
-    uuid = __salt__["hana_storage.luks_header"](name)["uuid"]
+    uuid = __salt__["hana_storage_host.luks_header"](name)["uuid"]
     return _done(
         ret, f"formatted {name}: {what}", formatted={"device": name, "luks_uuid": uuid, "format": what}
     )
@@ -378,23 +382,26 @@ def pv_safe(name, vg, lv_dm_name=None):
 
 def luks_opened(name, device, key_file, flags):
     """
-    ``device`` is open as /dev/mapper/``name`` with exactly the dm-crypt ``flags`` (e.g.
-    no_read_workqueue, no_write_workqueue, allow_discards), active in the table and stored in the
-    LUKS2 header (``cryptsetup open|refresh --persistent``).
+    ``device`` is open as /dev/mapper/``name`` with exactly the wanted dm-crypt ``flags``, active
+    in the table and stored in the LUKS2 header (``cryptsetup open|refresh --persistent``).
+
+    flags
+        The plan's ``luks.flags``: every flag the formula decides on, each with its spellings
+        (``dm``, ``header``, ``cryptsetup``) and whether it is ``wanted``.
     """
     ret = _ret(name)
-    wanted = sorted(flags)
-    header_flags = (
-        sorted(f.replace("-", "_") for f in _header_flags(device)) if os.path.exists(device) else None
-    )
-    persistent = header_flags != wanted
-    table = __salt__["hana_storage.dm_tables"]().get(name)
+    wanted = sorted(f["dm"] for f in flags if f["wanted"])
+    options = [f["cryptsetup"] for f in flags if f["wanted"]]
+    want_stored = sorted(f["header"] for f in flags if f["wanted"])
+    stored = sorted(_header_flags(device)) if os.path.exists(device) else None
+    persistent = stored != want_stored
+    table = __salt__["hana_storage_host.dm_tables"]().get(name)
     if table is None:
         if __opts__["test"]:
             return _would(ret, f"would open {device} as {name} with flags {wanted or 'none'}")
         if not os.path.exists(device):
             return _done(ret, f"{device} does not exist", result=False)
-        ok, err = _run(_util("commands.luks_open")(name, device, key_file, wanted, persistent))
+        ok, err = _run(_util("commands.luks_open")(name, device, key_file, options, persistent))
         if not ok:
             return _done(ret, f"cryptsetup open {device} failed: {err}", result=False)
         return _done(
@@ -409,17 +416,16 @@ def luks_opened(name, device, key_file, flags):
             f"/dev/mapper/{name} exists but is not a crypt mapping of {device}: not touching it",
             result=False,
         )
-    active = sorted(
-        f for f in segment["flags"] if f in ("allow_discards", "no_read_workqueue", "no_write_workqueue")
-    )
+    managed = {f["dm"] for f in flags}
+    active = sorted(f for f in segment["flags"] if f in managed)
     if active == wanted and not persistent:
         return _done(ret, f"{name} is open with flags {wanted or 'none'} (active and persistent)")
     change = {"active": {"old": active, "new": wanted}}
     if persistent:
-        change["persistent"] = {"old": header_flags, "new": wanted}
+        change["persistent"] = {"old": stored, "new": want_stored}
     if __opts__["test"]:
         return _would(ret, f"would refresh {name}: flags {change}")
-    ok, err = _run(_util("commands.luks_refresh")(name, key_file, wanted, persistent))
+    ok, err = _run(_util("commands.luks_refresh")(name, key_file, options, persistent))
     if not ok:
         return _done(ret, f"cryptsetup refresh {name} failed: {err}", result=False)
     return _done(ret, f"refreshed {name} to flags {wanted or 'none'}", flags=change)
@@ -427,7 +433,7 @@ def luks_opened(name, device, key_file, flags):
 
 def _header_flags(device):
     try:
-        return __salt__["hana_storage.luks_header"](device)["flags"]
+        return __salt__["hana_storage_host.luks_header"](device)["flags"]
     except Exception:  # noqa: BLE001 - not LUKS (yet): no stored flags
         return []
 
@@ -451,7 +457,7 @@ def crypttab_present(name, device, key_file, options):
             )
         return _done(ret, f"{device} does not exist", result=False)
     try:
-        uuid = __salt__["hana_storage.luks_header"](device)["uuid"]
+        uuid = __salt__["hana_storage_host.luks_header"](device)["uuid"]
     except Exception as error:  # noqa: BLE001 - CommandExecutionError: not LUKS
         if __opts__["test"]:
             return _would(ret, f"would add {name} to /etc/crypttab once {device} is formatted")
@@ -549,7 +555,7 @@ def mounted(name, device, options, fstab_options):
         if __opts__["test"]:
             return _would(ret, f"would mount {device} at {name} and add it to /etc/fstab by UUID")
         return _done(ret, f"{device} does not exist", result=False)
-    superblock = __salt__["hana_storage.xfs_superblock"](device)
+    superblock = __salt__["hana_storage_host.xfs_superblock"](device)
     spec = f"UUID={superblock['uuid']}"
     line = _util("tab.render_fstab")(spec, name, "xfs", fstab_options)
     status = __salt__["mount.set_fstab"](

@@ -54,23 +54,15 @@ def luks_format(device, key_file, luks, label=None, offset_sectors=None):
     return [*argv, device]
 
 
-def flag_args(dm_flags):
-    """cryptsetup options that set exactly these dm-crypt flags."""
-    spelling = {
-        "allow_discards": "--allow-discards",
-        "no_read_workqueue": "--perf-no_read_workqueue",
-        "no_write_workqueue": "--perf-no_write_workqueue",
-    }
-    return [spelling[flag] for flag in sorted(dm_flags)]
-
-
-def luks_open(name, device, key_file, dm_flags, persistent):
-    argv = ["cryptsetup", "open", "--type", "luks2", "--key-file", key_file, *flag_args(dm_flags)]
+def luks_open(name, device, key_file, flag_options, persistent):
+    """``flag_options``: cryptsetup's spelling of the dm-crypt flags to set (the plan's
+    ``luks.flags``), exactly these."""
+    argv = ["cryptsetup", "open", "--type", "luks2", "--key-file", key_file, *sorted(flag_options)]
     return [*argv, *(["--persistent"] if persistent else []), device, name]
 
 
-def luks_refresh(name, key_file, dm_flags, persistent):
-    argv = ["cryptsetup", "refresh", "--key-file", key_file, *flag_args(dm_flags)]
+def luks_refresh(name, key_file, flag_options, persistent):
+    argv = ["cryptsetup", "refresh", "--key-file", key_file, *sorted(flag_options)]
     return [*argv, *(["--persistent"] if persistent else []), name]
 
 

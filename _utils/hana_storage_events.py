@@ -22,8 +22,16 @@ BLOCK_ACTIONS = ("add", "remove", "change", "move", "online", "offline")
 
 
 def finding_key(finding):
-    """What makes a finding the same finding across audits."""
+    """What makes a finding the same finding across audits: ``rule|volume|device``."""
     return f"{finding['rule']}|{finding['volume']}|{finding['device']}"
+
+
+def parse_finding_key(key):
+    """``{"rule", "volume", "device"}`` of a finding_key; ValueError for anything else."""
+    parts = key.split("|", 2) if isinstance(key, str) else []
+    if len(parts) != 3 or not all(parts[:2]):
+        raise ValueError(f"not a finding key (rule|volume|device): {key!r}")
+    return dict(zip(("rule", "volume", "device"), parts, strict=True))
 
 
 def uevent_device(message):

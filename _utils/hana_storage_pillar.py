@@ -15,6 +15,7 @@ import base64
 import binascii
 import copy
 import posixpath
+from typing import NamedTuple
 
 PREFIX = "hana:storage"
 REDACTED = "<redacted>"
@@ -379,12 +380,18 @@ def validate(config, schema, facts=None, fixable=None):
     return sorted(errors)
 
 
+def default_names(name):
+    """The names a volume gets unless its pillar names them."""
+    return {"vg": f"vg_hana_{name}", "lv": f"lv_hana_{name}", "crypt_name": f"hana_{name}"}
+
+
 def _names(name, volume, encryption):
-    crypt = volume.get("crypt_name", f"hana_{name}")
+    names = {**default_names(name), **{k: v for k, v in volume.items() if k in ("vg", "lv", "crypt_name")}}
+    crypt = names["crypt_name"]
     crypt_names = (
         [f"{crypt}_{i}" for i in range(len(volume["devices"]))] if encryption == "below_lvm" else crypt
     )
-    return {"vg": volume.get("vg", f"vg_hana_{name}"), "crypt": crypt_names}
+    return {"vg": names["vg"], "crypt": crypt_names}
 
 
 def key_file(key, volume_name=None):
@@ -405,9 +412,8 @@ def normalize(config, systemd_version=None):
         raw = config["volumes"][name]
         volume = merge(config.get("volume_defaults", {}), raw)
         volume["name"] = name
-        volume.setdefault("vg", f"vg_hana_{name}")
-        volume.setdefault("lv", f"lv_hana_{name}")
-        volume.setdefault("crypt_name", f"hana_{name}")
+        for field, default in default_names(name).items():
+            volume.setdefault(field, default)
         volume.setdefault("allow_format", [])
         volume["stripe_size_kib"] = parse_kib(volume.pop("stripe_size"))
         volume["stripes"] = len(volume["devices"])
@@ -452,8 +458,8 @@ def normalize(config, systemd_version=None):
         volumes[name] = volume
     plan = {k: copy.deepcopy(v) for k, v in config.items() if k not in ("volumes", "volume_defaults", "key")}
     plan["key"] = {k: v for k, v in config["key"].items() if k != "material"}
-    plan["luks"]["dm_flags"] = dm_flags(config["luks"])
-    plan["luks"]["header_flags"] = [flag.replace("_", "-") for flag in plan["luks"]["dm_flags"]]
+    plan["luks"]["flags"] = crypt_flags(config["luks"])
+    plan["luks"]["dm_flags"] = [f["dm"] for f in plan["luks"]["flags"] if f["wanted"]]
     plan["volumes"] = volumes
     return plan
 
@@ -463,39 +469,59 @@ def kernel_mount_options(options):
     return [o for o in options if o not in USERSPACE_MOUNT_OPTIONS and not o.startswith(("x-", "comment="))]
 
 
-def dm_flags(luks):
-    """The dm-crypt table flags the LUKS policy asks for, sorted as the audit compares them."""
+class CryptFlag(NamedTuple):
+    """A dm-crypt flag the formula decides on, as each layer spells it."""
+
+    dm: str  # the dm table, the plan; the pillar's luks key (luks.perf for the perf flags)
+    header: str  # the LUKS2 header's persistent flags
+    cryptsetup: str  # the option of cryptsetup open and refresh
+    crypttab: str  # the /etc/crypttab option
+    crypttab_since_systemd: int  # the first systemd-cryptsetup that knows the crypttab option
+    perf: bool  # a HANA performance flag (HANA-PERF-002/003); else a data-path choice
+
+
+CRYPT_FLAGS = (
+    CryptFlag("allow_discards", "allow-discards", "--allow-discards", "discard", 0, perf=False),
+    CryptFlag(
+        "no_read_workqueue",
+        "no-read-workqueue",
+        "--perf-no_read_workqueue",
+        "no-read-workqueue",
+        248,
+        perf=True,
+    ),
+    CryptFlag(
+        "no_write_workqueue",
+        "no-write-workqueue",
+        "--perf-no_write_workqueue",
+        "no-write-workqueue",
+        248,
+        perf=True,
+    ),
+)
+
+
+def crypt_flags(luks):
+    """Every flag of CRYPT_FLAGS with ``wanted``: whether the LUKS policy asks for it. The plan
+    carries this list, so that no layer spells a flag on its own."""
     perf = luks.get("perf", {})
-    wanted = {
-        "allow_discards": luks.get("allow_discards", False),
-        "no_read_workqueue": perf.get("no_read_workqueue", False),
-        "no_write_workqueue": perf.get("no_write_workqueue", False),
-    }
-    return sorted(flag for flag, on in wanted.items() if on)
-
-
-CRYPTTAB_SPELLING = {
-    "allow_discards": "discard",
-    "no_read_workqueue": "no-read-workqueue",
-    "no_write_workqueue": "no-write-workqueue",
-}
-
-
-# the first systemd whose crypttab reader knows the option (older ones ignore it with a warning)
-CRYPTTAB_SINCE_SYSTEMD = {"no-read-workqueue": 248, "no-write-workqueue": 248}
+    return [
+        {**flag._asdict(), "wanted": bool((perf if flag.perf else luks).get(flag.dm, False))}
+        for flag in CRYPT_FLAGS
+    ]
 
 
 def crypttab_flag_options(luks, systemd_version=None):
-    """crypttab spellings of the dm-crypt flags that the host's systemd-cryptsetup understands
+    """crypttab spellings of the wanted flags that the host's systemd-cryptsetup understands
     (RHEL 8 has systemd 239, SLES 15 SP3 246: no workqueue options; the LUKS2 header's
     persistent flags, set by the formula, apply them at activation all the same). An unknown
     version gets every option."""
-    options = [CRYPTTAB_SPELLING[flag] for flag in dm_flags(luks)]
+    wanted = [f for f in crypt_flags(luks) if f["wanted"]]
     try:
         version = int(str(systemd_version).split(".")[0].split("~")[0])
     except ValueError:
-        return options
-    return [o for o in options if version >= CRYPTTAB_SINCE_SYSTEMD.get(o, 0)]
+        return [f["crypttab"] for f in wanted]
+    return [f["crypttab"] for f in wanted if version >= f["crypttab_since_systemd"]]
 
 
 def validation_summary(errors):

@@ -41,7 +41,7 @@ class Rule(NamedTuple):
 CRYPT_FLAGS = Fix(
     "hana_storage.luks_opened",
     "crypt",
-    {"name": "crypt.name", "device": "crypt.device", "key_file": "volume.key.file", "flags": "luks.dm_flags"},
+    {"name": "crypt.name", "device": "crypt.device", "key_file": "volume.key.file", "flags": "luks.flags"},
 )
 CRYPTTAB = Fix(
     "hana_storage.crypttab_present",
@@ -138,10 +138,10 @@ def fix_for(plan, finding, volume_summary):
     return {"state": fix.state, "kwargs": kwargs}
 
 
-PERF_FLAGS = ("no_read_workqueue", "no_write_workqueue")
 KDF_STRENGTH = {"pbkdf2": 0, "argon2i": 1, "argon2id": 2}
-# crypttab options the formula decides on; others an admin adds are left alone
-MANAGED_CRYPTTAB_OPTIONS = {"luks", "discard", "no-read-workqueue", "no-write-workqueue", "noauto"}
+# crypttab options the formula decides on besides the flags' (plan luks.flags); others an admin
+# adds are left alone
+MANAGED_CRYPTTAB_OPTIONS = {"luks", "noauto"}
 
 
 def audit(plan, facts):
@@ -160,6 +160,7 @@ class VolumeAudit:
     def __init__(self, plan, volume, facts):
         self.plan, self.volume, self.facts = plan, volume, facts
         self.luks = plan["luks"]
+        self._managed_crypttab = MANAGED_CRYPTTAB_OPTIONS | {f["crypttab"] for f in self.luks["flags"]}
         self.devices = facts.get("devices", {})
         self.findings = []
         self.reencryption = {}  # crypt device path -> the header's re-encryption fact, while one runs
@@ -443,9 +444,11 @@ class VolumeAudit:
         )
 
     def _flag_rules(self, path, segment, header):
-        wanted = set(self.luks["dm_flags"])
+        flags = self.luks["flags"]
+        wanted = {f["dm"] for f in flags if f["wanted"]}
         active = set(segment["flags"])
-        want_perf, have_perf = wanted & set(PERF_FLAGS), active & set(PERF_FLAGS)
+        perf = {f["dm"] for f in flags if f["perf"]}
+        want_perf, have_perf = wanted & perf, active & perf
         if want_perf != have_perf:
             self.add(
                 "HANA-PERF-002",
@@ -457,8 +460,8 @@ class VolumeAudit:
             )
         persistent = set(header["flags"]) if header and header["version"] == 2 else None
         if persistent is not None:
-            want_stored = {f.replace("_", "-") for f in want_perf}
-            have_stored = persistent & {f.replace("_", "-") for f in PERF_FLAGS}
+            want_stored = {f["header"] for f in flags if f["perf"] and f["wanted"]}
+            have_stored = persistent & {f["header"] for f in flags if f["perf"]}
             if want_stored != have_stored:
                 self.add(
                     "HANA-PERF-003",
@@ -468,10 +471,11 @@ class VolumeAudit:
                     f"{path}: LUKS2 header stores flags {sorted(have_stored) or 'none'}, the policy asks for "
                     f"{sorted(want_stored) or 'none'} (lost at the next open)",
                 )
-        want_discards = "allow_discards" in wanted
-        have = {"active": "allow_discards" in active}
+        discards = next(f for f in flags if f["dm"] == "allow_discards")
+        want_discards = discards["wanted"]
+        have = {"active": discards["dm"] in active}
         if persistent is not None:
-            have["persistent"] = "allow-discards" in persistent
+            have["persistent"] = discards["header"] in persistent
         if any(value != want_discards for value in have.values()):
             self.add(
                 "HANA-PERF-004",
@@ -573,7 +577,7 @@ class VolumeAudit:
                     actual = {
                         "device": entry["device"],
                         "keyfile": entry["keyfile"],
-                        "options": sorted(o for o in entry["options"] if o in MANAGED_CRYPTTAB_OPTIONS),
+                        "options": sorted(o for o in entry["options"] if o in self._managed_crypttab),
                     }
                     device_ok = entry["device"] in (expected["device"], crypt["device"]) or (
                         not want_device and entry["device"].startswith("UUID=")

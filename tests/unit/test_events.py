@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import hana_storage_events as events
+import hana_storage_pillar as pillar
 import hana_storage_rules as rules
 import hana_storage_tab as tab
 import pytest
@@ -698,7 +699,7 @@ def remediation_plan(policy):
     }
     return {
         "compliance": {"remediation": policy},
-        "luks": {"dm_flags": ["no_read_workqueue"]},
+        "luks": {"flags": pillar.crypt_flags({"perf": {"no_read_workqueue": True}})},
         "volumes": {"data": volume},
     }
 
@@ -725,14 +726,13 @@ def module(monkeypatch):
     utils["rules.audit"] = audit_of
     monkeypatch.setattr(module, "_util", lambda name: utils[name])
     monkeypatch.setattr(module, "_plan", lambda pillar=None: remediation_plan(module.policy))
-    monkeypatch.setattr(module, "_facts", lambda plan: {})
 
     def single(fun, queue, **kwargs):
         module.fixes.append((fun, kwargs))
         module.fixed_since_audit = True
         return {"x": {"result": True, "changes": {"mode": "0400"}, "comment": "fixed"}}
 
-    module.__salt__ = {"state.single": single}
+    module.__salt__ = {"state.single": single, "hana_storage_host.facts": lambda plan: {}}
     return module
 
 
@@ -781,7 +781,7 @@ def test_remediate_calls_the_state_the_rule_table_names_with_the_plans_arguments
                 "name": "hana_data",
                 "device": "/dev/vg_hana_data/lv_hana_data",
                 "key_file": KEY_FILE,
-                "flags": ["no_read_workqueue"],
+                "flags": pillar.crypt_flags({"perf": {"no_read_workqueue": True}}),
             },
         ),
         ("hana_storage.key_present", {"name": KEY_FILE, "source": "keyfile", "pillar": None}),
@@ -851,6 +851,31 @@ def test_exporter_follows_findings(exporter):
     assert 'hana_storage_findings{minion="db1",rule="HANA-PERF-002",severity="medium"} 0.0' in text
     assert 'hana_storage_remediations_total{minion="db1",result="fixed",rule="HANA-PERF-002"} 1.0' in text
     assert 'hana_storage_last_audit_timestamp_seconds{minion="db1"} 1000.0' in text
+
+
+def test_exporter_reads_open_findings_by_the_key_the_beacon_made(exporter):
+    """One place builds and reads a finding's key: a device path with '|' in it stays whole, and
+    an audit event with a key that is not one changes no metric."""
+    module, metrics, registry = exporter
+    odd = dict(finding(), device="/dev/disk/by-id/odd|name")
+    key = events.finding_key(odd)
+    assert events.parse_finding_key(key) == {k: odd[k] for k in ("rule", "volume", "device")}
+    report = {
+        "compliant": False,
+        "findings": [odd],
+        "volumes": {"data": {"compliant": False, "rules": [odd["rule"]], "mountpoint": "/hana/data"}},
+    }
+    since = {key: 999.0}
+    module.handle(
+        metrics, "salt/beacon/db1/hana_storage/audit", events.audit_event(report, "full", 0.1, 1000.0, since)
+    )
+    before = generate_latest(registry).decode()
+    assert 'hana_storage_findings{minion="db1",rule="HANA-PERF-002",severity="medium"} 1.0' in before
+    bad = events.audit_event(report, "full", 0.1, 1001.0, since)
+    bad["open"] = {"not a key": "high"}
+    with pytest.raises(ValueError, match="not a finding key"):
+        module.handle(metrics, "salt/beacon/db1/hana_storage/audit", bad)
+    assert generate_latest(registry).decode() == before
 
 
 def test_exporter_ignores_rejected_senders(exporter):

@@ -109,7 +109,9 @@ def test_io_check_reaches_the_fio_util_through_salts_loader(tmp_path, monkeypatc
         module, "_plan", lambda pillar=None: {"volumes": {"log": {"mountpoint": str(tmp_path)}}}
     )
     st_dev = os.stat(tmp_path).st_dev
-    monkeypatch.setattr(module, "_mounted_at", lambda mountpoint: f"{os.major(st_dev)}:{os.minor(st_dev)}")
+    module.__salt__ = {
+        "hana_storage_host.mounted_at": lambda mountpoint: f"{os.major(st_dev)}:{os.minor(st_dev)}"
+    }
     # whoever can write the mount root plants symlinks under the names an old version used
     victim = tmp_path.parent / "victim"
     victim.write_text("keep")

@@ -423,3 +423,34 @@ def test_crypttab_options_are_what_the_hosts_systemd_understands(systemd, option
         },
     )
     assert hp.normalize(config, systemd)["volumes"]["data"]["crypttab_options"] == options
+
+
+def test_each_dm_crypt_flag_is_spelled_in_one_table_the_parsers_understand():
+    """The plan carries every flag the formula decides on with each layer's spelling: the dm
+    table's and the LUKS2 header's parsers know those spellings, and the pillar names them."""
+    import hana_storage_dm as dm
+    import hana_storage_luks as luks
+
+    plan = hp.normalize(hp.merge(DEFAULTS, GOOD), systemd_version="247")
+    flags = {f["dm"]: f for f in plan["luks"]["flags"]}
+    assert set(flags) == {f.dm for f in hp.CRYPT_FLAGS}
+    assert {f["dm"] for f in flags.values()} <= set(dm.CRYPT_FLAGS)
+    assert {f["header"] for f in flags.values()} <= set(luks.LUKS2_FLAGS)
+    luks_schema = SCHEMA["$defs"]["luks"]["properties"]
+    assert set(luks_schema["perf"]["properties"]) == {f["dm"] for f in flags.values() if f["perf"]}
+    assert {f["dm"] for f in flags.values() if not f["perf"]} <= set(luks_schema)
+    assert plan["luks"]["dm_flags"] == sorted(f["dm"] for f in flags.values() if f["wanted"])
+    # systemd 247 knows discard, not the workqueue options
+    wanted_crypttab = {
+        f["crypttab"] for f in flags.values() if f["wanted"] and f["crypttab_since_systemd"] <= 247
+    }
+    assert set(plan["volumes"]["data"]["crypttab_options"]) - {"luks", "noauto"} == wanted_crypttab
+
+
+def test_default_names_are_the_same_for_validation_and_the_plan():
+    taken = copy.deepcopy(GOOD)
+    taken["volumes"]["log"]["vg"] = "vg_hana_data"  # the data volume's default VG name
+    assert any("vg name 'vg_hana_data' is also used by volume" in e for e in errors_of(taken))
+    plan = hp.normalize(hp.merge(DEFAULTS, GOOD))
+    for name, volume in plan["volumes"].items():
+        assert {k: volume[k] for k in ("vg", "lv", "crypt_name")} == hp.default_names(name)

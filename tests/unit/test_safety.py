@@ -254,7 +254,7 @@ def test_luks_format_names_the_key_by_file_only():
 
 
 def test_open_and_refresh_set_exactly_the_policy_flags():
-    flags = ["no_write_workqueue", "no_read_workqueue"]
+    flags = ["--perf-no_write_workqueue", "--perf-no_read_workqueue"]
     assert commands.luks_open("hana_data", "/dev/vg/lv", "/k", flags, persistent=True) == [
         "cryptsetup",
         "open",
@@ -268,7 +268,7 @@ def test_open_and_refresh_set_exactly_the_policy_flags():
         "/dev/vg/lv",
         "hana_data",
     ]
-    assert commands.luks_refresh("hana_data", "/k", ["allow_discards"], persistent=False) == [
+    assert commands.luks_refresh("hana_data", "/k", ["--allow-discards"], persistent=False) == [
         "cryptsetup",
         "refresh",
         "--key-file",

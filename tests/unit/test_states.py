@@ -33,8 +33,8 @@ def salt_functions():
         "mount.set_fstab": MagicMock(return_value="present"),
         "mount.remount": MagicMock(return_value=True),
         "mount.mount": MagicMock(return_value=True),
-        "hana_storage.xfs_superblock": MagicMock(return_value={"uuid": "1234-abcd"}),
-        "hana_storage.probe": MagicMock(),
+        "hana_storage_host.xfs_superblock": MagicMock(return_value={"uuid": "1234-abcd"}),
+        "hana_storage_host.probe": MagicMock(),
         "cmd.run_all": MagicMock(return_value={"retcode": 0, "stdout": "", "stderr": ""}),
     }
 
@@ -132,17 +132,17 @@ def probe(device, **facts):
 def test_pv_safe_refuses_what_a_key_opens_inside_a_luks_device(salt_functions, monkeypatch):
     monkeypatch.setattr(states.os.path, "exists", lambda path: True)
     inner = "/dev/mapper/hana_log_0"
-    salt_functions["hana_storage.probe"].return_value = {
+    salt_functions["hana_storage_host.probe"].return_value = {
         inner: probe(inner, signatures=[{"type": "xfs", "usage": "filesystem"}])
     }
     ret = states.pv_safe(inner, "vg_hana_log")
     assert ret["result"] is False and "carries a xfs signature" in ret["comment"] and ret["changes"] == {}
-    salt_functions["hana_storage.probe"].return_value = {inner: probe(inner)}
+    salt_functions["hana_storage_host.probe"].return_value = {inner: probe(inner)}
     assert states.pv_safe(inner, "vg_hana_log")["result"] is True
     # built: a PV of the volume's VG, held by the volume's LV (the second apply)
     built = probe(inner, signatures=[{"type": "LVM2_member", "usage": "raid"}], pv_vg="vg_hana_log",
                   holders=["vg_hana_log-lv_hana_log"])  # fmt: skip
-    salt_functions["hana_storage.probe"].return_value = {inner: built}
+    salt_functions["hana_storage_host.probe"].return_value = {inner: built}
     assert states.pv_safe(inner, "vg_hana_log", "vg_hana_log-lv_hana_log")["result"] is True
     assert states.pv_safe(inner, "vg_hana_log")["result"] is False  # held by an LV not its own
 
@@ -167,7 +167,7 @@ def test_pv_safe_in_test_mode_waits_for_the_device(monkeypatch, configure_loader
 def test_mkfs_is_forced_only_over_an_interrupted_mkfs(salt_functions, monkeypatch, facts, force):
     monkeypatch.setattr(states.os.path, "exists", lambda path: True)
     device = "/dev/mapper/hana_data"
-    salt_functions["hana_storage.probe"].return_value = {device: probe(device, **facts)}
+    salt_functions["hana_storage_host.probe"].return_value = {device: probe(device, **facts)}
     ret = states.formatted(device, stripe_kib=256, stripes=4)
     argv = salt_functions["cmd.run_all"].call_args.args[0]
     assert ret["result"] is True and argv[0] == "mkfs.xfs" and ("-f" in argv) is force

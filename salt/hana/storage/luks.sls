@@ -31,7 +31,7 @@ hana-storage-{{ name }}-open-{{ loop.index0 }}:
     - name: {{ crypt.name }}
     - device: {{ crypt.device }}
     - key_file: {{ volume.key.file }}
-    - flags: {{ luks.dm_flags | json }}
+    - flags: {{ luks.flags | json }}
     - require:
       - hana_storage: hana-storage-{{ name }}-luks-{{ loop.index0 }}
 {%-       if not above %}

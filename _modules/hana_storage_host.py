@@ -1,0 +1,648 @@
+"""What is on this host, read-only: the facts the audit, the states and the guard work from.
+
+sysfs, one `dmsetup table`, one `lvs`, the mount table, LUKS headers and XFS superblocks read
+straight from the devices, and the data-loss guard's ``probe``. Nothing here writes to a device
+or calls a state: the formula's states read the host through this module, and
+``hana_storage.remediate`` (which runs states) is elsewhere. Parsing is in
+``_utils/hana_storage_*``; the stable interface is ``hana_storage``'s, whose ``dm_tables``,
+``luks_header``, ``xfs_superblock``, ``inspect`` and ``probe`` are these.
+"""
+
+import contextlib
+import logging
+import os
+import re
+import stat
+
+import salt.utils.args
+import salt.utils.path
+import salt.utils.platform
+from salt.exceptions import CommandExecutionError
+
+log = logging.getLogger(__name__)
+
+__virtualname__ = "hana_storage_host"
+
+SYSTEM_MOUNTS = ("/", "/boot", "/boot/efi", "/usr", "/var")
+SYSFS_BLOCK = "/sys/class/block"
+# the device-mapper driver's misc device: present once the kernel has device-mapper
+DM_DRIVER = "/sys/class/misc/device-mapper"
+# Where a disk's identity is: SCSI (SAN LUNs), NVMe, virtio (its serial)
+WWID_FILES = ("device/wwid", "wwid", "serial", "device/serial")
+# Kernel names that can change across boots: a pillar should name the LUN, not the path
+UNSTABLE_NAME = re.compile(r"^/dev/(sd[a-z]+|vd[a-z]+|xvd[a-z]+|hd[a-z]+|nvme[0-9]+n[0-9]+)$")
+BY_ID = "/dev/disk/by-id"
+# by-id links named after the hardware (WWN, serial): stable names for a disk. Others there name
+# what is on it (lvm-pv-uuid-, dm-uuid-, md-uuid-) and change when it is formatted.
+BY_ID_HARDWARE = ("wwn-", "scsi-", "nvme-", "virtio-", "ata-", "usb-", "mmc-", "cciss-", "google-")
+# Devices whose first bytes are never read: optical drives, floppies, RAM disks.
+UNREAD_DEVICE_PREFIXES = ("sr", "fd", "ram", "zram")
+HEADER_PROBE = 4096
+# Where the guard looks for data on a device without a signature (see _first_data)
+HEAD_BYTES = 8 << 20
+SAMPLE_BYTES = 1 << 20
+SPREAD_WINDOWS, SPREAD_BYTES = 64, 64 << 10
+BLKID_NOTHING, BLKID_AMBIVALENT = 2, 8
+
+
+def __virtual__():
+    if not salt.utils.platform.is_linux():
+        return False, "hana_storage_host: only Linux has dm-crypt, LVM and XFS"
+    if not salt.utils.path.which("dmsetup"):
+        return False, "hana_storage_host: dmsetup not found (install the dmsetup or device-mapper package)"
+    return __virtualname__
+
+
+def _util(name):
+    return __utils__[f"hana_storage_{name}"]
+
+
+# ---- facts from the host ---------------------------------------------------------------------
+
+
+def device_facts(devices):
+    """{path: {"exists", "block", "realpath"}} for the pillar's host checks."""
+    facts = {}
+    for device in devices:
+        try:
+            mode = os.stat(device).st_mode
+            facts[device] = {
+                "exists": True,
+                "block": stat.S_ISBLK(mode),
+                "realpath": f"/dev/{_kernel_name(device)}",
+            }
+        except OSError:
+            facts[device] = {"exists": False}
+    return facts
+
+
+def system_devices():
+    """Device paths that hold the running system (/, /boot, /usr, /var, swap), disks included."""
+    devices = _util("stack.build_devices")(_sysfs(), {}, _mounts())
+    tops = {n for n, d in devices.items() if set(d["mountpoints"]) & set(SYSTEM_MOUNTS)}
+    for line in _read("/proc/swaps").splitlines()[1:]:
+        path = line.split()[0] if line.split() else ""
+        name = _kernel_name(path)
+        if path.startswith("/dev/") and name in devices:
+            tops.add(name)
+    names = set()
+    for top in tops:
+        for name in _util("stack.stack")(devices, top):
+            names.add(name)
+            parent = devices[name]["partition_of"]
+            if parent:
+                names.add(parent)
+    return sorted(f"/dev/{name}" for name in names)
+
+
+def _read(path):
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+def _listdir(path):
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def _kernel_name(path):
+    """The kernel's name of a block device: 'dm-3' for /dev/mapper/mpatha, a symlink (udev) or a
+    node of its own (libdevmapper without udev); the path's basename for anything else."""
+    try:
+        rdev = os.stat(path).st_rdev
+        return os.path.basename(os.readlink(f"/sys/dev/block/{os.major(rdev)}:{os.minor(rdev)}"))
+    except OSError:
+        return os.path.basename(os.path.realpath(path))
+
+
+def _sysfs():
+    """One dict per /sys/class/block entry: dev, size, slaves, holders, partition, dm."""
+    snapshot = {}
+    for name in _listdir(SYSFS_BLOCK):
+        base = f"{SYSFS_BLOCK}/{name}"
+        dev = _read(f"{base}/dev").strip()
+        if not dev:
+            continue
+        size = _read(f"{base}/size").strip()
+        info = {
+            "dev": dev,
+            "size": int(size) if size.isdigit() else 0,
+            "slaves": _listdir(f"{base}/slaves"),
+            "holders": _listdir(f"{base}/holders"),
+            "partition_of": None,
+            "dm": None,
+            # one LUN seen over several paths shows the same identity on each
+            "wwid": next(
+                (w for w in (_read(f"{base}/{f}").strip() for f in WWID_FILES) if w),
+                "",
+            ),
+        }
+        if os.path.exists(f"{base}/partition"):
+            info["partition_of"] = os.path.basename(os.path.dirname(os.path.realpath(base)))
+        if os.path.isdir(f"{base}/dm"):
+            info["dm"] = {
+                "name": _read(f"{base}/dm/name").strip(),
+                "uuid": _read(f"{base}/dm/uuid").strip(),
+                "suspended": _read(f"{base}/dm/suspended").strip() == "1",
+            }
+        snapshot[name] = info
+    return snapshot
+
+
+def _mounts():
+    """The mount table; a line that breaks the format is logged and left out, never the table."""
+    try:
+        with open("/proc/self/mountinfo", "rb") as handle:
+            raw = handle.read()
+    except OSError as error:
+        log.warning("hana_storage: /proc/self/mountinfo unreadable: %s", error)
+        return []
+    malformed = []
+    mounts = _util("tab.parse_mountinfo")(raw, malformed=malformed)
+    for entry in malformed:
+        log.warning("hana_storage: /proc/self/mountinfo line %s left out: %s", entry["line"], entry["error"])
+    return mounts
+
+
+def _run(argv):
+    """Run a read-only command; (stdout, error or None). Output is never logged."""
+    result = __salt__["cmd.run_all"](argv, python_shell=False, output_loglevel="quiet", ignore_retcode=True)
+    if result["retcode"]:
+        return None, f"{argv[0]} exited {result['retcode']}: {result['stderr'].strip()[:300]}"
+    return result["stdout"], None
+
+
+def _lvm_segments():
+    if not salt.utils.path.which("lvs"):
+        return {"error": "lvs not found (lvm2 not installed)"}
+    text, error = _run(_util("lvm.lvs_command")())
+    if error:
+        return {"error": error}
+    try:
+        return _util("lvm.parse_segments")(text)
+    except ValueError as err:
+        return {"error": str(err)}
+
+
+@contextlib.contextmanager
+def _reader(path, shown=None):
+    """``read(offset, size)`` on the device (or file) at ``path``: the one way this module reads
+    device bytes, read-only, one descriptor for all reads. An OSError becomes a
+    CommandExecutionError naming ``shown`` (default: the path)."""
+    shown = shown or path
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as error:
+        raise CommandExecutionError(f"cannot open {shown}: {error.strerror}") from None
+
+    def read(offset, size):
+        try:
+            return os.pread(fd, size, offset)
+        except OSError as error:
+            raise CommandExecutionError(f"cannot read {shown}: {error.strerror}") from None
+
+    try:
+        yield read
+    finally:
+        os.close(fd)
+
+
+def _header_of(name):
+    """LUKS summary of /dev/<name>, or {"error": ...} (never raises)."""
+    try:
+        with _reader(f"/dev/{name}") as read:
+            return _util("luks.parse_header")(read)
+    except (ValueError, CommandExecutionError) as error:
+        return {"error": str(error)}
+
+
+def _superblock_of(name):
+    try:
+        with _reader(f"/dev/{name}") as read:
+            return _util("xfs.parse_superblock")(read(0, 512))
+    except (ValueError, CommandExecutionError) as error:
+        return {"error": str(error)}
+
+
+def _parsed_file(path, parser):
+    if not os.path.exists(path):
+        return []
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return _util(parser)(handle.read())
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        return {"error": f"{path}: {error}"}
+
+
+def _key_file_facts(plan):
+    facts = {}
+    for volume in plan["volumes"].values():
+        path = volume["key"]["file"]
+        try:
+            info = os.stat(path)
+            facts[path] = {"exists": True, "mode": stat.S_IMODE(info.st_mode), "uid": info.st_uid}
+        except OSError:
+            facts[path] = {"exists": False}
+    return facts
+
+
+def _device_names(plan, devices):
+    """{pillar device: {"unstable": bool, "stable": [names that stay]}}: the multipath map that
+    holds it, its /dev/disk/by-id links."""
+    by_id = {}
+    for link in (n for n in _listdir(BY_ID) if n.startswith(BY_ID_HARDWARE)):
+        by_id.setdefault(_kernel_name(f"{BY_ID}/{link}"), []).append(f"{BY_ID}/{link}")
+    names = {}
+    for volume in plan["volumes"].values():
+        for path in volume["devices"]:
+            name = _kernel_name(path)
+            device = devices.get(name) or {"holders": []}
+            maps = [
+                devices[h]["path"] for h in device["holders"] if devices.get(h, {}).get("kind") == "multipath"
+            ]
+            names[path] = {
+                "unstable": bool(UNSTABLE_NAME.match(path)),
+                "stable": maps + sorted(by_id.get(name, [])),
+            }
+    return names
+
+
+def _device_tree():
+    """(devices, mounts) with dm tables attached; one `dmsetup table` for all devices."""
+    mounts = _mounts()
+    devices = _util("stack.build_devices")(_sysfs(), dm_tables(), mounts)
+    return devices, mounts
+
+
+def facts(plan):
+    """Everything the audit of ``plan`` reads, gathered once (``disks``: each volume's disks by
+    kernel name, for the beacon to map uevents)."""
+    devices, mounts = _device_tree()
+    stacks = {name: _util("stack.describe")(devices, name) for name in devices}
+    headers = {}
+    for device in devices.values():
+        if device["kind"] == "crypt":
+            backing = _util("stack.backing_device")(device)
+            if backing and backing in devices and backing not in headers:
+                headers[backing] = _header_of(backing)
+    mountpoints = {v["mountpoint"] for v in plan["volumes"].values()}
+    fs_dm_names = {v["fs_dm_name"] for v in plan["volumes"].values()}
+    by_dev = {d["dev"]: n for n, d in devices.items()}
+    tops = {by_dev.get(m["dev"]) for m in mounts if m["mountpoint"] in mountpoints and m["fstype"] == "xfs"}
+    tops |= {n for n, d in devices.items() if d["dm_name"] in fs_dm_names}  # present, maybe unmounted
+    superblocks = {}
+    for name in tops - {None}:
+        # a read through a suspended device would block until it is resumed
+        if any(devices[n]["suspended"] for n in stacks[name]["devices"]):
+            superblocks[name] = {"error": "not read: a device of the stack is suspended"}
+        else:
+            superblocks[name] = _superblock_of(name)
+    return {
+        "devices": devices,
+        "stacks": stacks,
+        "mounts": mounts,
+        "headers": headers,
+        "superblocks": superblocks,
+        "lvm": _lvm_segments(),
+        "crypttab": _parsed_file("/etc/crypttab", "tab.parse_crypttab"),
+        "fstab": _parsed_file("/etc/fstab", "tab.parse_fstab"),
+        "key_files": _key_file_facts(plan),
+        "device_names": _device_names(plan, devices),
+        "crypto_drivers": _crypto_drivers(devices),
+        "disks": {n: sorted(_kernel_name(d) for d in v["devices"]) for n, v in plan["volumes"].items()},
+    }
+
+
+def _crypto_drivers(devices):
+    """{dm cipher: the kernel driver that serves it} for the ciphers of the open crypt devices."""
+    ciphers = {
+        segment["cipher"]
+        for device in devices.values()
+        if device["kind"] == "crypt"
+        for segment in device["table"]
+        if segment["target"] == "crypt"
+    }
+    if not ciphers:
+        return {}
+    try:
+        with open("/proc/crypto", encoding="utf-8") as handle:
+            entries = _util("crypto.parse_proc_crypto")(handle.read())
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        return {"error": f"/proc/crypto: {error}"}
+    drivers = {}
+    for cipher in ciphers:
+        algorithm = _util("crypto.algorithm_of")(cipher)
+        driver = _util("crypto.driver_of")(entries, algorithm) if algorithm else None
+        if driver:
+            drivers[cipher] = {"algorithm": algorithm, **driver}
+    return drivers
+
+
+# ---- public functions ------------------------------------------------------------------------
+
+
+def dm_tables():
+    """
+    The parsed ``dmsetup table`` of every mapped device, keys redacted.
+
+    Returns ``{name: [segment, ...]}``; a crypt segment carries cipher, key type and size
+    (never the key), iv_offset, device, offset, flags and sector_size.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' hana_storage_host.dm_tables
+    """
+    if not os.path.exists(DM_DRIVER):
+        return {}  # no device-mapper in this kernel (yet): nothing is mapped
+    text, error = _run(["dmsetup", "table"])
+    if error:
+        raise CommandExecutionError(f"dmsetup table failed: {error}")
+    try:
+        return _util("dm.parse_tables")(text)
+    except ValueError as error:
+        raise CommandExecutionError(f"dmsetup table output unreadable: {error}") from None
+
+
+def luks_header(device):
+    """
+    Parse the LUKS1/LUKS2 header of a device natively (both LUKS2 copies, checksums verified).
+
+    device
+        A block device (or a file holding a header), e.g. ``/dev/vdc`` or ``/dev/vg/lv``.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' hana_storage_host.luks_header /dev/vdc
+    """
+    with _reader(os.path.realpath(device), device) as read:
+        try:
+            return _util("luks.parse_header")(read)
+        except ValueError as error:
+            raise CommandExecutionError(f"{device}: {error}") from None
+
+
+def xfs_superblock(device):
+    """
+    The XFS superblock of a device: UUID, label, block size, stripe unit and width (bytes), and
+    whether mkfs.xfs finished.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' hana_storage_host.xfs_superblock /dev/mapper/hana_data
+    """
+    with _reader(os.path.realpath(device), device) as read:
+        raw = read(0, 512)
+    try:
+        return _util("xfs.parse_superblock")(raw)
+    except ValueError as error:
+        raise CommandExecutionError(f"{device}: {error}") from None
+
+
+def inspect():
+    """
+    Every block device's stack: kind, dm table (keys redacted), LUKS header summary,
+    LVM segments, slaves/holders and mountpoints.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' hana_storage_host.inspect
+    """
+    devices, mounts = _device_tree()
+    lvm = _lvm_segments()
+    for name, device in devices.items():
+        if name.startswith(UNREAD_DEVICE_PREFIXES) or not device["size_bytes"] or device["suspended"]:
+            continue
+        try:
+            with _reader(f"/dev/{name}") as read:
+                probe = read(0, HEADER_PROBE)
+        except CommandExecutionError as error:
+            device["read_error"] = str(error)
+            continue
+        if _util("luks.is_luks")(probe):
+            device["luks"] = _header_of(name)
+        if device["kind"] == "lv" and isinstance(lvm, list):
+            device["lvm"] = [s for s in lvm if s["dm_path"] == device["path"]]
+    for device in devices.values():
+        if device["kind"] == "crypt":
+            backing = _util("stack.backing_device")(device)
+            device["backing_device"] = backing
+    by_dev = {d["dev"]: n for n, d in devices.items()}
+    stacks = {}
+    for mount in mounts:
+        name = by_dev.get(mount["dev"])
+        stacks[mount["mountpoint"]] = {
+            "source": mount["source"],
+            "fstype": mount["fstype"],
+            "options": mount["options"] + mount["super_options"],
+            "stack": _util("stack.describe")(devices, name) if name else None,
+        }
+    return {"devices": devices, "mounts": stacks, "lvm": lvm}
+
+
+def mounted_at(mountpoint):
+    """The major:minor of what is mounted at ``mountpoint``, or None."""
+    found = [m["dev"] for m in _mounts() if m["mountpoint"] == mountpoint]
+    return found[-1] if found else None
+
+
+# ---- the data-loss guard's view --------------------------------------------------------------
+
+
+def _pv_groups():
+    """{kernel name of a PV: its VG ('' for an orphan PV)} from one `pvs`."""
+    if not salt.utils.path.which("pvs"):
+        return {}
+    text, error = _run(_util("lvm.pvs_command")())
+    if error:
+        log.warning("hana_storage: pvs failed: %s", error)
+        return {}
+    try:
+        return {_kernel_name(pv["pv"]): pv["vg"] for pv in _util("lvm.parse_pvs")(text)}
+    except ValueError as err:
+        log.warning("hana_storage: pvs output unreadable: %s", err)
+        return {}
+
+
+def _blkid(path):
+    """(signatures, partition table type) from low-level probing (`blkid -p`)."""
+    result = __salt__["cmd.run_all"](
+        ["blkid", "-p", "-o", "export", path],
+        python_shell=False,
+        output_loglevel="quiet",
+        ignore_retcode=True,
+    )
+    if result["retcode"] == BLKID_NOTHING:
+        return [], None
+    if result["retcode"] == BLKID_AMBIVALENT:
+        return [{"type": "ambivalent (several signatures)", "usage": "unknown"}], None
+    if result["retcode"]:
+        raise CommandExecutionError(f"blkid -p {path} failed: {result['stderr'].strip()[:200]}")
+    values = _util("tab.parse_blkid_export")(result["stdout"])
+    signatures = [{"type": values["TYPE"], "usage": values.get("USAGE", "")}] if "TYPE" in values else []
+    return signatures, values.get("PTTYPE")
+
+
+# cryptsetup's exit codes (cryptsetup(8)): only 2 says "no key opens it".
+CRYPTSETUP_EXIT = {
+    1: "wrong parameters",
+    2: "no key available",
+    3: "out of memory",
+    4: "wrong device",
+    5: "device busy or already exists",
+}
+KEY_TEST_MAX_HEADER = 128 << 20  # cryptsetup's own limit on a LUKS2 metadata + keyslots area
+
+
+def _key_test(name, header, key_file):
+    """(opens: True|False|None, error or None): does ``key_file`` unlock LUKS device /dev/<name>?
+
+    The key is tried on a copy of the header in memory, never on the device:
+    ``cryptsetup open --test-passphrase`` repairs a damaged LUKS2 header copy as it loads it,
+    which would change the device (and erase the evidence HANA-ENC-007 reports). False only
+    when cryptsetup says no key opens it (exit code 2); any other failure is an error.
+    """
+    size = header.get("data_offset")
+    if not isinstance(size, int) or not 0 < size <= KEY_TEST_MAX_HEADER:
+        return (
+            None,
+            f"LUKS header unreadable or without a data offset ({header.get('error', size)}): key not tried",
+        )
+    copy = os.memfd_create("hana-storage-luks-header", os.MFD_CLOEXEC)
+    try:
+        with _reader(f"/dev/{name}") as read:
+            os.write(copy, read(0, size))
+        result = __salt__["cmd.run_all"](
+            [
+                "cryptsetup",
+                "open",
+                "--test-passphrase",
+                "--key-file",
+                key_file,
+                f"/proc/{os.getpid()}/fd/{copy}",
+            ],
+            python_shell=False,
+            output_loglevel="quiet",
+            ignore_retcode=True,
+        )
+    except (OSError, CommandExecutionError) as error:
+        return None, f"cannot copy the LUKS header of /dev/{name}: {error}"
+    finally:
+        os.close(copy)
+    code = result["retcode"]
+    if code == 0:
+        return True, None
+    if code == 2:
+        return False, None
+    cause = CRYPTSETUP_EXIT.get(code, "unexpected exit code")
+    return None, f"cryptsetup exited {code} ({cause}): {result['stderr'].strip()[:200]}"
+
+
+def _first_data(name, size):
+    """First byte offset with a non-zero byte in the areas where data and metadata sit, or None.
+
+    Read: the first 8 MiB (partition tables, LVM labels and metadata, both LUKS2 header copies
+    at any header size, filesystem superblocks), the middle and the last MiB (GPT backup, md
+    and LVM's second metadata area), and 64 KiB windows spread over the whole device: a disk
+    zeroed at the start but holding data further in is not blank.
+    """
+    windows = [(0, HEAD_BYTES), (max(size // 2 - SAMPLE_BYTES // 2, 0), SAMPLE_BYTES)]
+    windows.append((max(size - SAMPLE_BYTES, 0), SAMPLE_BYTES))
+    step = max(size // SPREAD_WINDOWS, SPREAD_BYTES)
+    windows += [(offset, SPREAD_BYTES) for offset in range(HEAD_BYTES, size, step)]
+    with _reader(f"/dev/{name}") as read:
+        for offset, length in sorted(windows):
+            chunk = read(offset, min(length, max(size - offset, 0)))
+            if chunk.count(0) != len(chunk):
+                return offset + next(i for i, byte in enumerate(chunk) if byte)
+    return None
+
+
+def probe(devices, key_file=None):
+    """
+    What is on each device, as the data-loss guard sees it: signatures (``blkid -p``), partition
+    table, PV and its VG, LUKS header and whether ``key_file`` opens it, holders, mountpoints,
+    where a device without a signature holds data (``data_at``, from areas sampled over the
+    whole device), and an XFS superblock's state. Read-only: not a byte of any device changes
+    (the key is tried on an in-memory copy of the header). The key is only tried (argon2 costs
+    seconds) on a closed LUKS device that has a keyslot.
+
+    devices
+        A device path, a comma-separated list or a list.
+    key_file
+        A key file to test LUKS devices with (``cryptsetup open --test-passphrase``).
+        ``key_opens`` is False only when cryptsetup says the key opens no keyslot; when the test
+        itself fails (out of memory, busy ...) it is None and ``key_error`` says why.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' hana_storage_host.probe /dev/vdb,/dev/vdc
+    """
+    devices = [d for d in salt.utils.args.split_input(devices) if d]
+    groups = None  # one `pvs` for all devices, and only if one of them is a PV
+    mounts = _mounts()
+    probes = {}
+    for device in devices:
+        path = os.path.realpath(device)
+        result = {
+            "device": device,
+            "exists": os.path.exists(path),
+            "block": False,
+            "signatures": [],
+            "pttype": None,
+            "pv_vg": None,
+            "luks": None,
+            "key_opens": None,
+            "key_error": None,
+            "holders": [],
+            "mountpoints": [],
+            "data_at": None,
+            "xfs": None,
+        }
+        probes[device] = result
+        if not result["exists"]:
+            continue
+        info = os.stat(path)
+        result["block"] = stat.S_ISBLK(info.st_mode)
+        if not result["block"]:
+            continue
+        name = _kernel_name(path)
+        dev = f"{os.major(info.st_rdev)}:{os.minor(info.st_rdev)}"
+        result["mountpoints"] = [m["mountpoint"] for m in mounts if m["dev"] == dev]
+        result["holders"] = [
+            _read(f"{SYSFS_BLOCK}/{h}/dm/name").strip() or h
+            for h in _listdir(f"{SYSFS_BLOCK}/{name}/holders")
+        ]
+        result["signatures"], result["pttype"] = _blkid(path)
+        if "LVM2_member" in [s["type"] for s in result["signatures"]]:
+            groups = _pv_groups() if groups is None else groups
+            result["pv_vg"] = groups.get(name)
+        types = [s["type"] for s in result["signatures"]]
+        if not types and not result["pttype"]:
+            size = _read(f"{SYSFS_BLOCK}/{name}/size").strip()
+            result["data_at"] = _first_data(name, int(size) * 512 if size.isdigit() else HEAD_BYTES)
+        if "crypto_LUKS" in types:
+            header = _header_of(name)
+            result["luks"] = {k: header.get(k) for k in ("version", "uuid", "error") if k in header}
+            if isinstance(header.get("keyslots"), list):
+                result["luks"]["keyslots"] = len(header["keyslots"])
+            # an open LUKS device is judged by who holds it, one without a keyslot opens for nobody
+            if key_file and not result["holders"] and result["luks"].get("keyslots") != 0:
+                result["key_opens"], result["key_error"] = _key_test(name, header, key_file)
+        if "xfs" in types:
+            result["xfs"] = _superblock_of(name)
+    return probes
