@@ -347,6 +347,40 @@ def luks_formatted(name, key_file, luks, label, stripe_kib=0, stripes=1, may_wip
     )
 
 
+def tang_bound(name, key_file, tang):
+    """
+    The LUKS2 device ``name`` is bound by Clevis to exactly the Tang servers of ``tang`` (the
+    plan's ``key.tang``: servers with their thumbprints, threshold), in a keyslot of its own; the
+    keyslot of ``key_file`` (the recovery key) stays. A device bound to anything else is refused:
+    removing a binding is for people to decide (HANA-KEY-003).
+    """
+    ret = _ret(name)
+    urls = [s["url"] for s in tang["servers"]]
+    try:
+        header = __salt__["hana_storage_host.luks_header"](name)
+    except CommandExecutionError as error:
+        if __opts__["test"]:
+            return _would(ret, f"would bind {name} to {urls} once it is LUKS ({error})")
+        return _done(ret, f"{name}: {error}", result=False)
+    bindings = [t["clevis"] for t in header.get("tokens", []) if t["type"] == "clevis"]
+    matches = _util("rules.tang_binding_matches")
+    if bindings and all(matches(b, tang) for b in bindings):
+        return _done(ret, f"{name} is bound to {urls} (threshold {tang['threshold']})")
+    if bindings:
+        return _done(
+            ret,
+            f"{name} has a Clevis binding that is not the pillar's ({urls}, threshold "
+            f"{tang['threshold']}): not binding beside it; check it, then clevis luks unbind it",
+            result=False,
+        )
+    if __opts__["test"]:
+        return _would(ret, f"would bind {name} to {urls} (clevis luks bind, threshold {tang['threshold']})")
+    ok, err = _run(_util("commands.clevis_bind")(name, key_file, tang))
+    if not ok:
+        return _done(ret, f"clevis luks bind {name} failed: {err}", result=False)
+    return _done(ret, f"bound {name} to {urls}", bound={"servers": urls, "threshold": tang["threshold"]})
+
+
 def _created_in_this_run(state_id):
     """Did the state ``state_id`` of this run create its device (``changes: {created: ...}``)?"""
     running = globals().get("__running__") or {}
@@ -391,8 +425,8 @@ def luks_opened(name, device, key_file, flags):
     """
     ret = _ret(name)
     wanted = sorted(f["dm"] for f in flags if f["wanted"])
-    options = [f["cryptsetup"] for f in flags if f["wanted"]]
     want_stored = sorted(f["header"] for f in flags if f["wanted"])
+    options = [f["cryptsetup"] for f in flags if f["wanted"]]
     stored = sorted(_header_flags(device)) if os.path.exists(device) else None
     persistent = stored != want_stored
     table = __salt__["hana_storage_host.dm_tables"]().get(name)

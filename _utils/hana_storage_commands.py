@@ -4,6 +4,8 @@ Keys are only ever named by their file (``--key-file <path>``): no argv built he
 material, which keeps it out of /proc/<pid>/cmdline, `ps`, Salt's command logs and job data.
 """
 
+import json
+
 SECTOR = 512
 LUKS2_DEFAULT_DATA_OFFSET = 16 << 20  # cryptsetup's LUKS2 header + keyslots area
 
@@ -64,6 +66,23 @@ def luks_open(name, device, key_file, flag_options, persistent):
 def luks_refresh(name, key_file, flag_options, persistent):
     argv = ["cryptsetup", "refresh", "--key-file", key_file, *sorted(flag_options)]
     return [*argv, *(["--persistent"] if persistent else []), name]
+
+
+def clevis_config(tang):
+    """(pin, JSON config) of ``clevis luks bind`` for the plan's ``key.tang``: the tang pin for one
+    server, Shamir's sss over tang pins for several. Each server comes with its thumbprint, so
+    Clevis checks the advertisement's signature instead of asking whether to trust it."""
+    pins = [{"url": s["url"], "thp": s["thumbprint"]} for s in tang["servers"]]
+    if len(pins) == 1 and tang["threshold"] == 1:
+        return "tang", json.dumps(pins[0], sort_keys=True)
+    return "sss", json.dumps({"t": tang["threshold"], "pins": {"tang": pins}}, sort_keys=True)
+
+
+def clevis_bind(device, key_file, tang):
+    """Bind ``device`` to the Tang servers with a new keyslot; ``key_file`` (an existing
+    keyslot's key) is named, never passed. No ``-y``: nothing is trusted without a thumbprint."""
+    pin, config = clevis_config(tang)
+    return ["clevis", "luks", "bind", "-d", device, "-k", key_file, pin, config]
 
 
 def mkfs_xfs(device, stripe_kib, stripes, options, force=False):

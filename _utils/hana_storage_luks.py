@@ -9,6 +9,8 @@ result says ``degraded``. LUKS1: one 592-byte header, no checksum.
 The summary carries no salts, digests or key material: only what an audit needs.
 """
 
+import base64
+import binascii
 import hashlib
 import json
 import struct
@@ -201,10 +203,16 @@ def _summarise(copy):
     meta = copy["metadata"]
     segments = [_segment(sid, seg) for sid, seg in _numbered(meta["segments"], "segment")]
     keyslots = [_keyslot(kid, slot) for kid, slot in _numbered(meta["keyslots"], "keyslot")]
-    tokens = [
-        {"id": tid, "type": _field(tok, "type", str, f"token {tid}"), "keyslots": tok.get("keyslots", [])}
-        for tid, tok in _numbered(meta.get("tokens") or {}, "token")
-    ]
+    tokens = []
+    for tid, tok in _numbered(meta.get("tokens") or {}, "token"):
+        token = {
+            "id": tid,
+            "type": _field(tok, "type", str, f"token {tid}"),
+            "keyslots": tok.get("keyslots", []),
+        }
+        if token["type"] == "clevis":
+            token["clevis"] = clevis_binding(tok)
+        tokens.append(token)
     config = meta["config"]
     flags = config.get("flags", [])
     if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
@@ -242,6 +250,67 @@ def _summarise(copy):
         "tokens": tokens,
         "reencryption": _reencryption(keyslots, requirements, meta["segments"]),
     }
+
+
+def clevis_binding(token):
+    """What a Clevis token binds to, from its JWE's protected header (never its ciphertext):
+    ``{"pin", "threshold", "servers": [{"url", "thumbprints", "kid"}]}``, or ``{"error"}``.
+
+    A server's ``thumbprints`` are the RFC 7638 thumbprints (SHA-256 and SHA-1, base64url) of
+    the signing keys its advertisement had at binding time; ``kid`` is the exchange key's.
+    """
+    try:
+        header = _protected_header(token["jwe"]["protected"])
+        clevis = header["clevis"]
+        if clevis["pin"] == "tang":
+            return {"pin": "tang", "threshold": 1, "servers": [_tang_server(clevis["tang"], header)]}
+        if clevis["pin"] == "sss":
+            servers = []
+            for compact in clevis["sss"]["jwe"]:
+                inner = _protected_header(compact.split(".")[0])
+                if inner["clevis"]["pin"] != "tang":
+                    return {"error": f"an sss share uses the {inner['clevis']['pin']!r} pin, not tang"}
+                servers.append(_tang_server(inner["clevis"]["tang"], inner))
+            return {"pin": "sss", "threshold": int(clevis["sss"]["t"]), "servers": servers}
+        return {"error": f"pin {clevis['pin']!r} is not tang or sss"}
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        return {"error": f"unreadable Clevis token: {type(error).__name__}: {error}"}
+
+
+def _protected_header(text):
+    try:
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        header = json.loads(raw)
+    except (binascii.Error, ValueError, TypeError) as error:
+        raise ValueError(f"JWE protected header: {error}") from None
+    if not isinstance(header, dict):
+        raise ValueError("JWE protected header is not an object")
+    return header
+
+
+def _tang_server(tang, header):
+    keys = tang["adv"]["keys"]
+    signing = [k for k in keys if "verify" in (k.get("key_ops") or [])]
+    return {
+        "url": tang["url"],
+        "thumbprints": [t for key in signing for t in jwk_thumbprints(key)],
+        "kid": header.get("kid"),
+    }
+
+
+# RFC 7638: the members of a public key that its thumbprint covers
+THUMBPRINT_MEMBERS = {"EC": ("crv", "kty", "x", "y"), "RSA": ("e", "kty", "n"), "OKP": ("crv", "kty", "x")}
+
+
+def jwk_thumbprints(key):
+    """The SHA-256 and SHA-1 RFC 7638 thumbprints of a JWK (base64url, no padding); Tang names
+    its keys by the first, older Tang and Clevis by the second."""
+    members = THUMBPRINT_MEMBERS[key["kty"]]
+    canonical = json.dumps({m: key[m] for m in members}, separators=(",", ":"), sort_keys=True).encode()
+    return [
+        base64.urlsafe_b64encode(hashlib.new(alg, canonical).digest()).rstrip(b"=").decode()
+        for alg in ("sha256", "sha1")
+    ]
 
 
 def _segment(sid, seg):

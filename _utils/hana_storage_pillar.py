@@ -198,8 +198,35 @@ def _setting(config, volume_name, key):
     return config.get("volume_defaults", {}).get(key), ("volume_defaults", key)
 
 
+def _key_path(key, where):
+    """(the key file's path or None, its key path): a Tang key's file is its recovery key's."""
+    if key.get("source") == "tang" and isinstance(key.get("recovery"), dict):
+        return key["recovery"].get("path"), (*where, "recovery", "path")
+    return key.get("path"), (*where, "path")
+
+
 def _key_errors(key, where):
     errors = []
+    if key.get("source") == "tang":
+        for field in ("path", "material"):
+            if field in key:
+                errors.append(
+                    f"{keypath(*where, field)}: not used with source tang (the recovery key has its own)"
+                )
+        servers = key.get("servers", [])
+        threshold = key.get("threshold", 1)
+        if threshold > len(servers):
+            errors.append(
+                f"{keypath(*where, 'threshold')}: {threshold} servers must answer, but only "
+                f"{len(servers)} are named"
+            )
+        for field in ("url", "thumbprint"):
+            seen = set()
+            for index, server in enumerate(servers):
+                if server[field] in seen:
+                    errors.append(f"{keypath(*where, 'servers', index, field)}: named twice")
+                seen.add(server[field])
+        return errors + _key_errors(key["recovery"], (*where, "recovery"))
     if key.get("source") == "pillar":
         material = key.get("material", "")
         try:
@@ -215,6 +242,9 @@ def _key_errors(key, where):
         errors.append(
             f"{keypath(*where, 'material')}: not used with source keyfile; remove it from the pillar"
         )
+    for field in ("servers", "threshold", "recovery"):
+        if field in key:
+            errors.append(f"{keypath(*where, field)}: only used with source tang")
     return errors
 
 
@@ -234,7 +264,7 @@ def semantic_errors(config, fixable=None):
     key_paths = []
     if config.get("key"):
         errors += _key_errors(config["key"], ("key",))
-        key_paths.append((config["key"].get("path"), ("key", "path")))
+        key_paths.append(_key_path(config["key"], ("key",)))
     errors += _options_errors(config.get("volume_defaults", {}), ("volume_defaults",))
 
     device_owner, mountpoints, names = {}, {}, {}
@@ -281,7 +311,7 @@ def semantic_errors(config, fixable=None):
         errors += _options_errors(volume, ("volumes", name))
         if "key" in volume:
             errors += _key_errors(volume["key"], ("volumes", name, "key"))
-            key_paths.append((volume["key"].get("path"), ("volumes", name, "key", "path")))
+            key_paths.append(_key_path(volume["key"], ("volumes", name, "key")))
 
         plan = _names(name, volume, _setting(config, name, "encryption")[0])
         for kind, value in plan.items():
@@ -395,10 +425,41 @@ def _names(name, volume, encryption):
 
 
 def key_file(key, volume_name=None):
-    """Where the key of a volume lives on the minion."""
+    """Where the key of a volume lives on the minion (a Tang volume's: its recovery key)."""
+    if key["source"] == "tang":
+        return key_file(key["recovery"], volume_name)
     if key["source"] == "pillar":
         return posixpath.join(PILLAR_KEY_DIR, f"{volume_name or 'hana'}.key")
     return key["path"]
+
+
+# What each key source puts in crypttab's key field and options: a key file unlocks at boot; a
+# pillar key lives on ramfs and is there only once Salt wrote it (no unlock or mount at boot); a
+# Tang volume unlocks at boot through Clevis once the network is up (no key file).
+AT_BOOT = {"keyfile": [], "pillar": ["noauto"], "tang": ["_netdev"]}
+
+
+def _volume_key(name, raw, config):
+    """The plan's view of a volume's key: where its file is and where that comes from, never
+    the material (named by its pillar path instead)."""
+    own = "key" in raw
+    key = raw["key"] if own else config["key"]
+    where = ("volumes", name, "key") if own else ("key",)
+    secret, secret_at = (key["recovery"], (*where, "recovery")) if key["source"] == "tang" else (key, where)
+    planned = {
+        "id": name if own else "default",  # one key state per distinct key
+        "source": key["source"],
+        "file": key_file(key, name if own else None),
+        "store": secret["source"],  # where the key file comes from: a key store or the pillar
+        "pillar": keypath(*secret_at, "material"),
+        "crypttab": "none" if key["source"] == "tang" else key_file(key, name if own else None),
+    }
+    if key["source"] == "tang":
+        planned["tang"] = {
+            "servers": [{"url": s["url"], "thumbprint": s["thumbprint"]} for s in key["servers"]],
+            "threshold": key.get("threshold", 1),
+        }
+    return planned
 
 
 def normalize(config, systemd_version=None):
@@ -417,15 +478,7 @@ def normalize(config, systemd_version=None):
         volume.setdefault("allow_format", [])
         volume["stripe_size_kib"] = parse_kib(volume.pop("stripe_size"))
         volume["stripes"] = len(volume["devices"])
-        key = raw.get("key", config["key"])
-        volume["key"] = {
-            "id": name if "key" in raw else "default",  # one key state per distinct key
-            "source": key["source"],
-            "file": key_file(key, name if "key" in raw else None),
-            "pillar": keypath("volumes", name, "key", "material")
-            if "key" in raw
-            else keypath("key", "material"),
-        }
+        volume["key"] = _volume_key(name, raw, config)
         volume["lv_path"] = f"/dev/{volume['vg']}/{volume['lv']}"
         # device-mapper's name for the LV: '-' inside VG and LV names is doubled
         volume["lv_dm_name"] = f"{volume['vg'].replace('-', '--')}-{volume['lv'].replace('-', '--')}"
@@ -446,8 +499,7 @@ def normalize(config, systemd_version=None):
             volume["fs_dm_name"] = volume["lv_dm_name"]
         # Safe mode off: every device this pillar names may be formatted.
         volume["may_format"] = list(volume["devices"]) if not config["safe_mode"] else volume["allow_format"]
-        # A pillar key lives on tmpfs and is there only once Salt wrote it: no unlock or mount at boot.
-        at_boot = [] if key["source"] == "keyfile" else ["noauto"]
+        at_boot = AT_BOOT[volume["key"]["source"]]
         volume["crypttab_options"] = [
             "luks",
             *crypttab_flag_options(config["luks"], systemd_version),
@@ -457,7 +509,7 @@ def normalize(config, systemd_version=None):
         volume["kernel_mount_options"] = kernel_mount_options(volume["mount_options"])
         volumes[name] = volume
     plan = {k: copy.deepcopy(v) for k, v in config.items() if k not in ("volumes", "volume_defaults", "key")}
-    plan["key"] = {k: v for k, v in config["key"].items() if k != "material"}
+    plan["key"] = _without_material(config["key"])
     plan["luks"]["flags"] = crypt_flags(config["luks"])
     plan["luks"]["dm_flags"] = [f["dm"] for f in plan["luks"]["flags"] if f["wanted"]]
     plan["volumes"] = volumes
@@ -531,6 +583,10 @@ def validation_summary(errors):
     return "pillar hana:storage is invalid ({} error{}):\n  ".format(
         len(errors), "" if len(errors) == 1 else "s"
     ) + "\n  ".join(errors)
+
+
+def _without_material(key):
+    return {k: _without_material(v) if isinstance(v, dict) else v for k, v in key.items() if k != "material"}
 
 
 def strip_secrets(value):

@@ -49,7 +49,7 @@ CRYPTTAB = Fix(
     {
         "name": "crypt.name",
         "device": "crypt.device",
-        "key_file": "volume.key.file",
+        "key_file": "volume.key.crypttab",
         "options": "volume.crypttab_options",
     },
 )
@@ -64,10 +64,15 @@ MOUNT = Fix(
     },
     needs="mounted",  # a volume that is not mounted is HANA-MOUNT-001, which is manual
 )
+TANG_BINDING = Fix(
+    "hana_storage.tang_bound",
+    "crypt",
+    {"name": "crypt.device", "key_file": "volume.key.file", "tang": "volume.key.tang"},
+)
 KEY_FILE = Fix(
     "hana_storage.key_present",
     "key",
-    {"name": "volume.key.file", "source": "volume.key.source", "pillar": "volume.key.pillar"},
+    {"name": "volume.key.file", "source": "volume.key.store", "pillar": "volume.key.pillar"},
 )
 
 RULES = {
@@ -97,6 +102,8 @@ RULES = {
     "HANA-PERSIST-002": Rule("medium", "fstab entry or live mount options differ", MOUNT),
     "HANA-KEY-001": Rule("high", "key file readable by others than root", KEY_FILE),
     "HANA-MOUNT-001": Rule("high", "a HANA mountpoint is not mounted"),
+    "HANA-KEY-002": Rule("high", "a device of a Tang volume has no Clevis binding", TANG_BINDING),
+    "HANA-KEY-003": Rule("high", "a Clevis binding names other Tang servers or thumbprints than the pillar"),
 }
 
 
@@ -111,6 +118,26 @@ def rule_table():
 def auto_rules():
     """The rules with a fix: what remediation may repair unless the pillar narrows it."""
     return [rule for rule, r in RULES.items() if r.fix]
+
+
+def tang_binding_matches(binding, tang):
+    """Does a Clevis binding (hana_storage_luks.clevis_binding) bind to exactly the pillar's Tang
+    servers and threshold? A server matches by URL and by the pillar's thumbprint being one of
+    its signing key's (SHA-256 or SHA-1)."""
+    if "error" in binding or binding["threshold"] != tang["threshold"]:
+        return False
+    if len(binding["servers"]) != len(tang["servers"]):
+        return False
+    unmatched = list(binding["servers"])
+    for server in tang["servers"]:
+        match = next(
+            (b for b in unmatched if b["url"] == server["url"] and server["thumbprint"] in b["thumbprints"]),
+            None,
+        )
+        if match is None:
+            return False
+        unmatched.remove(match)
+    return True
 
 
 def fix_for(plan, finding, volume_summary):
@@ -141,7 +168,7 @@ def fix_for(plan, finding, volume_summary):
 KDF_STRENGTH = {"pbkdf2": 0, "argon2i": 1, "argon2id": 2}
 # crypttab options the formula decides on besides the flags' (plan luks.flags); others an admin
 # adds are left alone
-MANAGED_CRYPTTAB_OPTIONS = {"luks", "noauto"}
+MANAGED_CRYPTTAB_OPTIONS = {"luks", "noauto", "_netdev"}
 
 
 def audit(plan, facts):
@@ -357,6 +384,8 @@ class VolumeAudit:
         note = f" ({underway})" if underway else ""
         if reencryption:
             self.reencryption[path] = reencryption
+        if header and self.volume["key"]["source"] == "tang":
+            self._tang_rules(path, header)
         if header and header["version"] != 2:
             self.add(
                 "HANA-ENC-002",
@@ -416,10 +445,11 @@ class VolumeAudit:
             )
 
     def _kdf_rules(self, path, header):
+        clevis = self._pillar_clevis_keyslots(header)
         weak = [  # a keyslot without a KDF holds no key (a re-encryption's reencrypt keyslot)
             f"keyslot {s['id']}: {_kdf_text(s['kdf'])}"
             for s in header["keyslots"]
-            if s.get("kdf") is not None and self._weak(s["kdf"])
+            if s.get("kdf") is not None and str(s["id"]) not in clevis and self._weak(s["kdf"])
         ]
         if weak:
             minimum = self.plan.get("compliance", {}).get("min_pbkdf", {})
@@ -432,6 +462,20 @@ class VolumeAudit:
                 "cryptsetup luksConvertKey --pbkdf argon2id",
             )
 
+    def _pillar_clevis_keyslots(self, header):
+        """Keyslots of the Clevis bindings the pillar names: their passphrase is 32 random bytes
+        made by Clevis (which adds them with PBKDF2, 1000 iterations), so no KDF makes guessing it
+        harder. Any other binding's keyslot is judged like any keyslot."""
+        key = self.volume["key"]
+        if key["source"] != "tang":
+            return set()
+        return {
+            str(slot)
+            for token in header.get("tokens", [])
+            if token["type"] == "clevis" and tang_binding_matches(token["clevis"], key["tang"])
+            for slot in token["keyslots"]
+        }
+
     def _weak(self, kdf):
         minimum = self.plan.get("compliance", {}).get("min_pbkdf", {})
         min_type = minimum.get("type", "argon2i")
@@ -442,6 +486,36 @@ class VolumeAudit:
         return kdf.get("memory", 0) < minimum.get("memory_kib", 0) or kdf.get("time", 0) < minimum.get(
             "time", 0
         )
+
+    def _tang_rules(self, path, header):
+        tang = self.volume["key"]["tang"]
+        bindings = [t["clevis"] for t in header.get("tokens", []) if t["type"] == "clevis"]
+        if not bindings:
+            self.add(
+                "HANA-KEY-002",
+                path,
+                "a Clevis binding to the pillar's Tang servers",
+                "none",
+                f"{path} has no Clevis binding: it does not unlock at boot, only with the recovery key",
+            )
+            return
+        wrong = [b for b in bindings if not tang_binding_matches(b, tang)]
+        if wrong:
+            actual = [
+                b
+                if "error" in b
+                else {"threshold": b["threshold"], "servers": [s["url"] for s in b["servers"]]}
+                for b in wrong
+            ]
+            self.add(
+                "HANA-KEY-003",
+                path,
+                tang,
+                actual,
+                f"{path}: a Clevis binding to {actual} is not the pillar's (servers "
+                f"{[s['url'] for s in tang['servers']]}, threshold {tang['threshold']}): a binding the "
+                "pillar does not name is a way in; check it, then clevis luks unbind it",
+            )
 
     def _flag_rules(self, path, segment, header):
         flags = self.luks["flags"]
@@ -564,7 +638,7 @@ class VolumeAudit:
             want_device = self._luks_uuid(crypt)
             expected = {
                 "device": f"UUID={want_device}" if want_device else crypt["device"],
-                "keyfile": self.volume["key"]["file"],
+                "keyfile": self.volume["key"]["crypttab"],
                 "options": sorted(self.volume["crypttab_options"]),
             }
             if not isinstance(entries, list):

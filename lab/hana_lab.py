@@ -64,6 +64,7 @@ done
 """
 
 HOST_FROM_GUEST = "10.0.2.2"  # QEMU user networking's gateway: the host's loopback
+CRACKLIB = "/var/cache/cracklib"
 GUEST_ENV = f"""set -u
 export PATH={VENV_BIN}:/usr/sbin:/usr/bin:/sbin:/bin
 export LVM_SUPPRESS_FD_WARNINGS=1 PYTHONDONTWRITEBYTECODE=1
@@ -232,6 +233,9 @@ class Lab:
             "--overlay-rwdir",
             "/hana",
             f"--qemu-opts={drives}",
+            # the guest's /var/cache is empty: Clevis makes its keys with pwmake, which needs the
+            # cracklib dictionary there
+            *(["--rodir", CRACKLIB] if os.path.isdir(CRACKLIB) else []),
             *(["--network", "user"] if self.network else []),
             "--exec",
             f"sh {self.shared}/agent.sh {self.shared}",

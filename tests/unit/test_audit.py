@@ -408,7 +408,14 @@ def test_a_generic_aes_driver_is_named_on_every_crypt_device_and_an_unread_one_t
 
 
 def test_every_rule_has_a_test():
-    tested = set(BREAKS) | {"HANA-ENC-001", "HANA-ENC-005", "HANA-LAYOUT-002", "HANA-MOUNT-001"}
+    tested = set(BREAKS) | {
+        "HANA-ENC-001",
+        "HANA-ENC-005",
+        "HANA-LAYOUT-002",
+        "HANA-MOUNT-001",
+        "HANA-KEY-002",
+    }
+    tested |= {"HANA-KEY-003"}
     assert tested == set(rules.RULES)
 
 
@@ -430,3 +437,138 @@ def test_the_readmes_rule_table_is_the_rule_tables():
     readme = (REPO / "README.md").read_text()
     rows = re.findall(r"^\| (HANA-[A-Z]+-\d{3}) \| (\w+) \| (\w+) \|", readme, re.MULTILINE)
     assert rows == [(rule, r.severity, r.remediation) for rule, r in rules.RULES.items()]
+
+
+# ---- Tang (Clevis bindings made by the real clevis against a real tangd on loopback) -----------
+
+
+@pytest.fixture(scope="module")
+def tang_servers(tmp_path_factory):
+    from tests.support.tang import TangServer
+
+    root = tmp_path_factory.mktemp("tang")
+    with TangServer(root / "a") as first, TangServer(root / "b") as second:
+        yield first, second
+
+
+def bound_header(tmp_path, tang, name="hdr.img"):
+    """A LUKS2 header (a file: no device-mapper needed) bound by `clevis luks bind` to ``tang``
+    (the plan's key.tang), its recovery key in slot 0."""
+    import subprocess
+
+    import hana_storage_commands as commands
+
+    image, key = tmp_path / name, tmp_path / f"{name}.key"
+    key.write_bytes(b"r" * 64)
+    subprocess.run(["truncate", "-s", "20M", str(image)], check=True)
+    cheap = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"]
+    subprocess.run(
+        ["cryptsetup", "luksFormat", "-q", "--type", "luks2", *cheap, "--key-file", str(key), str(image)],
+        check=True,
+    )
+    subprocess.run(commands.clevis_bind(str(image), str(key), tang), check=True, capture_output=True)
+    return luks.parse_header(luks.reader_for(image.read_bytes()))
+
+
+def tang_key(*servers, threshold=1):
+    return {
+        "source": "tang",
+        "servers": [{"url": s.url, "thumbprint": s.thumbprint} for s in servers],
+        "threshold": threshold,
+        "recovery": {"source": "keyfile", "path": KEY_FILE},
+    }
+
+
+def tang_pillar(key):
+    pillar = copy.deepcopy(PILLAR)
+    pillar["volumes"]["data"]["key"] = key
+    return pillar
+
+
+def tang_facts(header_of_data):
+    """compliant(), the data volume's LUKS header bound as given and its crypttab and fstab as a
+    Tang volume has them (no key file, unlocked and mounted once the network is up)."""
+    facts = compliant()
+    facts["headers"]["dm-0"] = dict(facts["headers"]["dm-0"], tokens=header_of_data["tokens"])
+    entry = next(e for e in facts["crypttab"] if e["name"] == "hana_data")
+    entry.update(keyfile="none", options=[*entry["options"], "_netdev"])
+    facts["fstab"][0]["options"] = [*facts["fstab"][0]["options"], "_netdev"]
+    return facts
+
+
+def test_a_tang_volume_bound_to_its_servers_is_compliant(tang_servers, tmp_path):
+    first, second = tang_servers
+    single = tang_key(first)
+    plan = plan_of(tang_pillar(single))["volumes"]["data"]
+    assert plan["key"]["crypttab"] == "none" and "_netdev" in plan["crypttab_options"]
+    header = bound_header(tmp_path, plan["key"]["tang"])
+    binding = header["tokens"][0]["clevis"]
+    assert binding["pin"] == "tang" and binding["servers"][0]["url"] == first.url
+    assert found(tang_facts(header), tang_pillar(single)) == []
+    # two servers, both needed (Shamir's sss): bound the same way, compliant too
+    both = tang_key(first, second, threshold=2)
+    header = bound_header(tmp_path, plan_of(tang_pillar(both))["volumes"]["data"]["key"]["tang"], "sss.img")
+    assert header["tokens"][0]["clevis"]["pin"] == "sss"
+    assert found(tang_facts(header), tang_pillar(both)) == []
+    assert "jwe" not in json.dumps(header) and "ciphertext" not in json.dumps(header)
+
+
+def test_a_tang_volume_without_a_binding_is_key_002(tang_servers):
+    facts = tang_facts({"tokens": []})
+    assert found(facts, tang_pillar(tang_key(tang_servers[0]))) == [
+        ("HANA-KEY-002", "data", "/dev/mapper/hana_data")
+    ]
+
+
+@pytest.mark.parametrize("change", ["other server", "other thumbprint", "other threshold"])
+def test_a_binding_the_pillar_does_not_name_is_key_003(tang_servers, tmp_path, change):
+    first, second = tang_servers
+    header = bound_header(tmp_path, plan_of(tang_pillar(tang_key(first)))["volumes"]["data"]["key"]["tang"])
+    pillar_key = {
+        "other server": tang_key(second),
+        "other thumbprint": dict(
+            tang_key(first), servers=[{"url": first.url, "thumbprint": second.thumbprint}]
+        ),
+        "other threshold": tang_key(first, second, threshold=1),
+    }[change]
+    assert found(tang_facts(header), tang_pillar(pillar_key)) == [
+        ("HANA-KEY-003", "data", "/dev/mapper/hana_data")
+    ]
+
+
+def test_tang_pillar_errors_name_their_key_paths(tang_servers):
+    first, _ = tang_servers
+    bad = tang_key(first, threshold=2)
+    bad["servers"].append(dict(bad["servers"][0]))
+    bad["material"] = "c2VjcmV0"
+    config = hp.merge(DEFAULTS, tang_pillar(bad))
+    errors = hp.validate(config, SCHEMA)
+    assert sorted(e.split(": ", 1)[0] for e in errors) == [
+        "hana:storage:volumes:data:key:material",
+        "hana:storage:volumes:data:key:servers:1:thumbprint",
+        "hana:storage:volumes:data:key:servers:1:url",
+    ], errors
+    assert "c2VjcmV0" not in str(errors)
+    without_recovery = {k: v for k, v in tang_key(first).items() if k != "recovery"}
+    assert any(
+        "recovery" in e for e in hp.validate(hp.merge(DEFAULTS, tang_pillar(without_recovery)), SCHEMA)
+    )
+
+
+def test_only_the_pillars_clevis_keyslot_is_exempt_from_the_kdf_rule(tang_servers, tmp_path):
+    """Clevis adds its keyslot with PBKDF2 (1000 iterations) for a passphrase of 32 random bytes:
+    no KDF makes that harder to guess. The recovery keyslot (here cheap on purpose) is judged."""
+    first, _ = tang_servers
+    pillar = tang_pillar(tang_key(first))
+    header = bound_header(tmp_path, plan_of(pillar)["volumes"]["data"]["key"]["tang"])
+    facts = tang_facts(header)
+    facts["headers"]["dm-0"]["keyslots"] = header["keyslots"]
+    (finding,) = [f for f in rules.audit(plan_of(pillar), facts)["findings"]]
+    assert finding["rule"] == "HANA-ENC-006" and [a.split(":")[0] for a in finding["actual"]] == ["keyslot 0"]
+    # the same header on a key-file volume: the binding is not the pillar's, both slots count
+    facts = compliant()
+    facts["headers"]["dm-0"] = dict(
+        facts["headers"]["dm-0"], keyslots=header["keyslots"], tokens=header["tokens"]
+    )
+    (finding,) = [f for f in rules.audit(plan_of(PILLAR), facts)["findings"]]
+    assert [a.split(":")[0] for a in finding["actual"]] == ["keyslot 0", "keyslot 1"]

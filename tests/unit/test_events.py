@@ -690,7 +690,13 @@ def remediation_plan(policy):
     volume = {
         "name": "data",
         "mountpoint": "/hana/data",
-        "key": {"file": KEY_FILE, "source": "keyfile", "pillar": None},
+        "key": {
+            "file": KEY_FILE,
+            "source": "keyfile",
+            "store": "keyfile",
+            "pillar": None,
+            "crypttab": KEY_FILE,
+        },
         "crypt": [{"name": "hana_data", "device": "/dev/vg_hana_data/lv_hana_data"}],
         "crypttab_options": ["luks"],
         "fs_device": "/dev/mapper/hana_data",

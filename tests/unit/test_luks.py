@@ -379,3 +379,31 @@ def test_checksummed_random_metadata_only_raises_luks_error(good, meta):
         parse(bytes(data))
     except luks.LuksError:
         pass
+
+
+def test_jwk_thumbprint_is_rfc_7638s():
+    """The example of RFC 7638, section 3.1."""
+    key = {
+        "kty": "RSA",
+        "n": "0vx7agoebGcQSuuPiLJXZptN9nndrQmbXEps2aiAFbWhM78LhWx4cbbfAAtVT86zwu1RK7aPFFxuhDR1L6tSoc_BJECPebWKRXjBZCiFV4n3oknjhMstn64tZ_2W-5JsGY4Hc5n9yBXArwl93lqt7_RN5w6Cf0h4QyQ5v-65YGjQR0_FDW2QvzqY368QQMicAtaSqzs8KJZgnYb9c7d0zgdAZHzu6qMQvRL5hajrn1n91CbOpbISD08qNLyrdkt-bFTWhAI4vMQFh6WeZu0fM4lFd2NcRwr3XPksINHaQ-G_xBniIqbw0Ls1jF44-csFCur-kEgU8awapJzKnqDKgw",
+        "e": "AQAB",
+        "alg": "RS256",
+        "kid": "2011-04-29",
+    }
+    assert luks.jwk_thumbprints(key)[0] == "NzbLsXh8uDCcd-6MNwXF4W_7noWXFZAfHkxZsRGC9Xs"
+
+
+@pytest.mark.parametrize(
+    "token",
+    [
+        {},
+        {"jwe": {}},
+        {"jwe": {"protected": "!!not base64!!"}},
+        {"jwe": {"protected": "bnVsbA"}},  # JSON null
+        {"jwe": {"protected": "eyJjbGV2aXMiOiB7InBpbiI6ICJ0cG0yIn19"}},  # {"clevis": {"pin": "tpm2"}}
+        {"jwe": {"protected": "eyJjbGV2aXMiOiB7InBpbiI6ICJ0YW5nIiwgInRhbmciOiB7fX19"}},  # tang without adv
+    ],
+)
+def test_a_clevis_token_that_is_not_a_tang_binding_is_an_error_never_a_traceback(token):
+    binding = luks.clevis_binding(token)
+    assert set(binding) == {"error"}, binding

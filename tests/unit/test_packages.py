@@ -78,3 +78,21 @@ def test_an_unsupported_family_fails_with_a_reason(tmp_path):
     states = salt.utils.yaml.safe_load(render(tmp_path, "packages.sls", "Arch"))
     (fail,) = states["hana-storage-packages"]["test.fail_without_changes"]
     assert "SLES and RHEL" in fail["name"]
+
+
+CLEVIS = {
+    "Suse": ["clevis"],
+    "RedHat": ["clevis", "clevis-luks", "clevis-systemd", "clevis-dracut"],
+    "Debian": ["clevis", "clevis-luks", "clevis-systemd"],
+}
+
+
+@pytest.mark.parametrize("family", sorted(CLEVIS))
+@pytest.mark.parametrize("where", ["key", "volume key"])
+def test_clevis_is_installed_only_where_a_volume_uses_tang(tmp_path, family, where):
+    tang = {"source": "tang"}
+    storage = {"key": tang} if where == "key" else {"volumes": {"log": {"key": tang}}}
+    states = salt.utils.yaml.safe_load(
+        render(tmp_path, "packages.sls", family, pillar={"hana": {"storage": storage}})
+    )
+    assert {"pkgs": EXPECT[family] + CLEVIS[family]} in states["hana-storage-packages"]["pkg.installed"]

@@ -56,7 +56,9 @@ def test_good_pillar_is_valid_and_normalises():
         "id": "default",
         "source": "pillar",
         "file": "/run/hana-storage/keys/hana.key",
+        "store": "pillar",
         "pillar": "hana:storage:key:material",
+        "crypttab": "/run/hana-storage/keys/hana.key",
     }
     assert KEY not in json.dumps(plan)
 

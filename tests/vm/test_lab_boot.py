@@ -1,28 +1,47 @@
-"""The lab layout with a key file: built, booted by the host without Salt, audited - on a CPU
-without AES instructions, so the audit has exactly one thing to say (HANA-PERF-005).
+"""The lab layout booted by the host without Salt, with a key file and with Tang, on a CPU without
+AES instructions - so the audit has exactly one thing to say (HANA-PERF-005).
 
 QEMU's "max" CPU (the lab's default) emulates AES-NI: the guest kernel loads aesni_intel and
 dm-crypt gets ``xts-aes-aesni`` (tests/vm/test_audit.py checks it). Here the guest runs on
-"max,aes=off": the same kernel builds xts(aes) from aes-generic. The layout is the lab's
-(lab/pillar.sls.j2: data striped over four disks above LVM, log below LVM over two, shared and
-backup) with the key in a file, the key source that unlocks at boot.
+"max,aes=off": the same kernel builds xts(aes) from aes-generic.
+
+The layout is the lab's (lab/pillar.sls.j2: data striped over four disks above LVM, log below LVM
+over two, shared and backup). data and shared unlock with a key file; log and backup are bound
+with Clevis to a real tangd on the host's loopback (the guest reaches it as 10.0.2.2 over QEMU's
+user network), their recovery key a pillar key on a ramfs. The host's own boot path unlocks both
+kinds with no Salt; with Tang unreachable only the Tang volumes stay locked.
 """
+
+import json
 
 import pytest
 import yaml
 
+from tests.support.tang import TangServer
 from tests.vm.conftest import boot, boot_without_salt, close_storage
 
 pytestmark = pytest.mark.vm
 
 KEY_FILE = "/etc/hana-storage/keys/hana.key"
 MOUNTPOINTS = ["/hana/data", "/hana/log", "/hana/shared", "/hana/backup"]
+VGS = ["vg_hana_data", "vg_hana_log", "vg_hana_shared", "vg_hana_backup"]
 CRYPTS = ["hana_data", "hana_log_0", "hana_log_1", "hana_shared", "hana_backup"]
+TANG_CRYPTS = {
+    "hana_log_0": "/dev/vde",
+    "hana_log_1": "/dev/vdf",
+    "hana_backup": "/dev/vg_hana_backup/lv_hana_backup",
+}
 
 
 @pytest.fixture(scope="module")
-def vm(request):
-    vm = boot(request, disks=8, disk_size="1G", cpu="max,aes=off")  # XFS needs 300 MB
+def tang(tmp_path_factory):
+    with TangServer(tmp_path_factory.mktemp("tang")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def vm(request, tang):
+    vm = boot(request, disks=8, disk_size="1G", cpu="max,aes=off", network=True)  # XFS needs 300 MB
     vm.run(
         f"mkdir -p /etc/hana-storage/keys && echo {vm.key_b64()} | base64 -d >{KEY_FILE} && chmod 0400 {KEY_FILE}",
         check=True,
@@ -30,6 +49,13 @@ def vm(request):
     )
     storage = yaml.safe_load(vm.pillar())["hana"]["storage"]
     storage["key"] = {"source": "keyfile", "path": KEY_FILE}
+    bound = {
+        "source": "tang",
+        "servers": [{"url": tang.guest_url, "thumbprint": tang.thumbprint}],
+        "recovery": {"source": "pillar", "material": vm.key_b64()},
+    }
+    storage["volumes"]["log"]["key"] = bound
+    storage["volumes"]["backup"]["key"] = bound
     vm.setup_salt(yaml.safe_dump({"hana": {"storage": storage}}))
     return vm
 
@@ -37,18 +63,22 @@ def vm(request):
 @pytest.fixture(scope="module")
 def built(vm):
     applied = vm.salt(
-        "state.apply hana.storage", title="state.apply: the lab layout, on a CPU without AES-NI"
+        "state.apply hana.storage", title="state.apply: the lab layout, key file and Tang, no AES-NI"
     )
     assert applied.retcode == 0, [s["comment"] for s in applied.ret.values() if s["result"] is not True]
     return applied
 
 
-def only_the_generic_driver(audit):
-    assert [(f["rule"], f["actual"]) for f in audit["findings"]] == [
+def audit(vm):
+    return vm.salt("hana_storage.audit", check=True).ret
+
+
+def only_the_generic_driver(report):
+    assert [(f["rule"], f["actual"]) for f in report["findings"]] == [
         ("HANA-PERF-005", "xts(ecb(aes-generic))")
-    ] * len(CRYPTS), [f["message"] for f in audit["findings"]]
-    assert sorted(f["device"] for f in audit["findings"]) == sorted(f"/dev/mapper/{c}" for c in CRYPTS)
-    assert all(f["remediation"] == "manual" for f in audit["findings"])
+    ] * len(CRYPTS), [f["message"] for f in report["findings"]]
+    assert sorted(f["device"] for f in report["findings"]) == sorted(f"/dev/mapper/{c}" for c in CRYPTS)
+    assert all(f["remediation"] == "manual" for f in report["findings"])
 
 
 def test_the_guest_cpu_has_no_aes_instructions(vm):
@@ -56,7 +86,30 @@ def test_the_guest_cpu_has_no_aes_instructions(vm):
 
 
 def test_the_lab_layout_is_compliant_but_for_its_generic_aes_driver(vm, built):
-    only_the_generic_driver(vm.salt("hana_storage.audit", check=True).ret)
+    only_the_generic_driver(audit(vm))
+    again = vm.salt("state.apply hana.storage", check=True, title="state.apply again: nothing to change")
+    assert not [s["__id__"] for s in again.ret.values() if s["changes"]]
+
+
+def test_the_tang_volumes_are_bound_and_unlock_without_a_key_file(vm, built, tang):
+    bound = sorted(s["name"] for s in built.ret.values() if s["__id__"].split("-")[-2] == "tang")
+    assert bound == sorted(TANG_CRYPTS.values()), bound
+    for device in TANG_CRYPTS.values():
+        tokens = vm.salt(f"hana_storage.luks_header {device}", check=True).ret["tokens"]
+        (clevis,) = [t["clevis"] for t in tokens if t["type"] == "clevis"]
+        server = clevis["servers"][0]
+        assert server["url"] == tang.guest_url and tang.thumbprint in server["thumbprints"]
+    lines = vm.run("cat /etc/crypttab", echo=False).output.splitlines()
+    crypttab = {line.split()[0]: line.split() for line in lines if line.strip() and not line.startswith("#")}
+    for name in CRYPTS:
+        keyfile, options = crypttab[name][2], crypttab[name][3].split(",")
+        assert (keyfile, "_netdev" in options) == (
+            ("none", True) if name in TANG_CRYPTS else (KEY_FILE, False)
+        )
+    # the recovery key (the pillar's) is nowhere but its ramfs
+    assert (
+        vm.key_b64() not in json.dumps(built.ret) + vm.run("cat /etc/crypttab /etc/fstab", echo=False).output
+    )
 
 
 def test_the_host_boots_the_lab_layout_without_salt(vm, built):
@@ -65,9 +118,43 @@ def test_the_host_boots_the_lab_layout_without_salt(vm, built):
         f"for m in {' '.join(MOUNTPOINTS)}; do head -c 1M /dev/urandom >$m/keep.bin; done; sync", check=True
     )
     before = vm.run(f"sha256sum {files}", check=True, echo=False).output
-    close_storage(vm, MOUNTPOINTS, ["vg_hana_data", "vg_hana_log", "vg_hana_shared", "vg_hana_backup"])
+    close_storage(vm, MOUNTPOINTS, VGS)
     assert vm.run("dmsetup ls --target crypt", echo=False).output.strip() in ("", "No devices found")
     out = boot_without_salt(vm)
     assert all(f"attach {c} " in out for c in CRYPTS) and all(f"mounted {m}" in out for m in MOUNTPOINTS), out
+    unlocked = vm.run("cat /tmp/clevis-askpass.log", echo=False).output
+    assert unlocked.count("Unlocked") == len(TANG_CRYPTS), unlocked  # Clevis's agent, from Tang
     assert vm.run(f"sha256sum {files}", check=True, echo=False).output == before
-    only_the_generic_driver(vm.salt("hana_storage.audit", check=True).ret)
+    only_the_generic_driver(audit(vm))
+
+
+def test_a_removed_binding_is_found_and_bound_again(vm, built):
+    device = TANG_CRYPTS["hana_backup"]
+    vm.run(f"clevis luks unbind -f -d {device} -s 1", check=True, title="removing the backup LV's binding")
+    found = [
+        (f["rule"], f["device"], f["remediation"])
+        for f in audit(vm)["findings"]
+        if f["rule"] != "HANA-PERF-005"
+    ]
+    assert found == [("HANA-KEY-002", "/dev/mapper/hana_backup", "auto")], found
+    remediated = vm.salt("hana_storage.remediate rules=HANA-KEY-002", check=True).ret
+    assert [f["rule"] for f in remediated["fixed"]] == ["HANA-KEY-002"] and not remediated["remaining"], (
+        remediated
+    )
+    only_the_generic_driver(audit(vm))
+
+
+def test_without_tang_only_the_tang_volumes_stay_locked(vm, built, tang):
+    # the last test of the module: it leaves the Tang volumes locked
+    close_storage(vm, MOUNTPOINTS, VGS)
+    tang.stop()
+    try:
+        out = boot_without_salt(vm, expect_locked=TANG_CRYPTS, attach_timeout=10)
+    finally:
+        tang.start()
+    mounted = sorted(m for m in MOUNTPOINTS if f"mounted {m}" in out)
+    assert mounted == ["/hana/data", "/hana/shared"], out
+    assert {(f["rule"], f["mountpoint"]) for f in audit(vm)["findings"] if f["rule"] == "HANA-MOUNT-001"} == {
+        ("HANA-MOUNT-001", "/hana/log"),
+        ("HANA-MOUNT-001", "/hana/backup"),
+    }

@@ -1,6 +1,8 @@
 # -*- coding: utf-8 -*-
 # vim: ft=sls
 # /etc/crypttab by LUKS UUID, with the options that reproduce the dm-crypt flags at boot.
+# Tang volumes (key file "none", _netdev) unlock at boot through Clevis's password agent once
+# the network is up: its path unit and remote-cryptsetup.target are enabled.
 ---
 {%- from "hana/storage/map.jinja" import hana_storage with context %}
 {%- if hana_storage.valid %}
@@ -11,10 +13,19 @@ hana-storage-{{ name }}-crypttab-{{ loop.index0 }}:
   hana_storage.crypttab_present:
     - name: {{ crypt.name }}
     - device: {{ crypt.device }}
-    - key_file: {{ volume.key.file }}
+    - key_file: {{ volume.key.crypttab }}
     - options: {{ volume.crypttab_options | json }}
     - require:
       - hana_storage: hana-storage-{{ name }}-open-{{ loop.index0 }}
 {%-     endfor %}
 {%-   endfor %}
+{%-   if hana_storage.config.volumes.values() | selectattr('key.source', 'equalto', 'tang') | list %}
+
+hana-storage-unlock-at-boot:
+  cmd.run:
+    - name: systemctl enable clevis-luks-askpass.path remote-cryptsetup.target
+    - unless: systemctl -q is-enabled clevis-luks-askpass.path && systemctl -q is-enabled remote-cryptsetup.target
+    - require:
+      - hana_storage: hana-storage-pillar-valid
+{%-   endif %}
 {%- endif %}

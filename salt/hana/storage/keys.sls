@@ -13,7 +13,7 @@
 hana-storage-key-{{ id }}:
   hana_storage.key_present:
     - name: {{ key.file }}
-    - source: {{ key.source }}
+    - source: {{ key.store }}
     - pillar: {{ key.pillar }}
     - require:
       - hana_storage: hana-storage-pillar-valid

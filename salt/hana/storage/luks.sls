@@ -2,6 +2,7 @@
 # vim: ft=sls
 # LUKS2 format and open with the dm-crypt flags: on the LV (above LVM) or on each disk (below).
 # Below LVM, what an opened device holds is checked before pvcreate (lvm.sls) may wipe it.
+# A Tang volume's devices are bound with Clevis (the recovery key's keyslot stays).
 ---
 {%- from "hana/storage/map.jinja" import hana_storage with context %}
 {%- if hana_storage.valid %}
@@ -25,6 +26,16 @@ hana-storage-{{ name }}-luks-{{ loop.index0 }}:
 {%-       endif %}
     - require:
       - hana_storage: hana-storage-{{ name }}-{{ 'lv-active' if above else 'guard' }}
+{%-       if volume.key.source == 'tang' %}
+
+hana-storage-{{ name }}-tang-{{ loop.index0 }}:
+  hana_storage.tang_bound:
+    - name: {{ crypt.device }}
+    - key_file: {{ volume.key.file }}
+    - tang: {{ volume.key.tang | json }}
+    - require:
+      - hana_storage: hana-storage-{{ name }}-luks-{{ loop.index0 }}
+{%-       endif %}
 
 hana-storage-{{ name }}-open-{{ loop.index0 }}:
   hana_storage.luks_opened:

@@ -18,7 +18,7 @@ hana-storage-packages:
 
 hana-storage-packages:
   pkg.installed:
-    - pkgs: {{ packages.system | json }}
+    - pkgs: {{ packages.wanted | json }}
     - reload_modules: true
 
 hana-storage-python-libraries:
