@@ -2,15 +2,20 @@
 ``configure_loader_modules``), with the execution module's answers given: test=True, refuse and
 apply branches that otherwise run only in the VM tier."""
 
+import base64
+import builtins
 import importlib.util
+import json
 import os
 from unittest.mock import MagicMock
 
 import hana_storage_commands as commands
 import hana_storage_pillar as pillar
+import hana_storage_rules as rules
 import hana_storage_safety as safety
 import hana_storage_tab as tab
 import pytest
+from salt.exceptions import CommandExecutionError
 
 from tests.conftest import REPO
 
@@ -20,11 +25,17 @@ spec.loader.exec_module(states)
 
 UTILS = {
     f"hana_storage_{module.__name__.rsplit('_', 1)[-1]}.{name}": getattr(module, name)
-    for module in (commands, pillar, safety, tab)
+    for module in (commands, pillar, rules, safety, tab)
     for name in dir(module)
     if not name.startswith("_")
 }
 DEV = "253:4"
+REAL_EXISTS = os.path.exists
+# how _run hands every command to Salt: an argv, no shell, nothing logged
+RUN = {"python_shell": False, "output_loglevel": "quiet", "ignore_retcode": True}
+KEY_BYTES = b"HANA-data-volume-key-0123456789!"  # 32 bytes, printable: findable in any text
+MATERIAL = base64.b64encode(KEY_BYTES).decode()
+KEY_PILLAR = "hana:storage:key:material"
 
 
 @pytest.fixture
@@ -35,13 +46,65 @@ def salt_functions():
         "mount.mount": MagicMock(return_value=True),
         "hana_storage_host.xfs_superblock": MagicMock(return_value={"uuid": "1234-abcd"}),
         "hana_storage_host.probe": MagicMock(),
+        "hana_storage_host.luks_header": MagicMock(return_value={"uuid": "u-1", "flags": [], "tokens": []}),
+        "hana_storage_host.dm_tables": MagicMock(return_value={}),
+        "hana_storage.validate_pillar": MagicMock(return_value=[]),
+        "cryptdev.set_crypttab": MagicMock(return_value="present"),
+        "lvm.lvdisplay": MagicMock(return_value={}),
         "cmd.run_all": MagicMock(return_value={"retcode": 0, "stdout": "", "stderr": ""}),
     }
 
 
 @pytest.fixture
-def configure_loader_modules(salt_functions):
-    return {states: {"__salt__": salt_functions, "__utils__": UTILS, "__opts__": {"test": False}}}
+def opts():
+    return {"test": False}
+
+
+@pytest.fixture
+def pillar_data():
+    return {"hana": {"storage": {"key": {"source": "pillar", "material": MATERIAL}}}}
+
+
+@pytest.fixture
+def configure_loader_modules(salt_functions, opts, pillar_data):
+    return {
+        states: {"__salt__": salt_functions, "__utils__": UTILS, "__opts__": opts, "__pillar__": pillar_data}
+    }
+
+
+@pytest.fixture
+def dry_run(opts):
+    """The state runs with test=True."""
+    opts["test"] = True
+
+
+def fake_paths(monkeypatch, present=(), absent=()):
+    """os.path.exists says yes to ``present`` and no to ``absent`` (device nodes and system files,
+    never opened by the tests); any other path (tmp_path) is looked up for real."""
+    present, absent = set(present), set(absent)
+    monkeypatch.setattr(
+        states.os.path, "exists", lambda path: path in present or (path not in absent and REAL_EXISTS(path))
+    )
+
+
+def argvs_run(salt_functions):
+    """The argv of every command the state ran, each handed to cmd.run_all as _run does."""
+    calls = salt_functions["cmd.run_all"].call_args_list
+    assert all(call.kwargs == RUN for call in calls), calls
+    return [call.args[0] for call in calls]
+
+
+def assert_nothing_done(salt_functions):
+    """No command ran, nothing was mounted, and crypttab/fstab were at most asked (test=True)."""
+    assert argvs_run(salt_functions) == []
+    salt_functions["mount.mount"].assert_not_called()
+    salt_functions["mount.remount"].assert_not_called()
+    for writer in ("cryptdev.set_crypttab", "mount.set_fstab"):
+        assert all(call.kwargs.get("test") is True for call in salt_functions[writer].call_args_list)
+
+
+def fail_commands(salt_functions, stderr="boom"):
+    salt_functions["cmd.run_all"].return_value = {"retcode": 1, "stdout": "", "stderr": stderr}
 
 
 def live(options, super_options):
@@ -82,7 +145,8 @@ def test_mounted_never_displaces_a_foreign_mount(salt_functions, monkeypatch, mo
     monkeypatch.setattr(states, "_dev_of", lambda path: "8:16")
     ret = states.mounted("/hana/data", "/dev/mapper/hana_data", ["noatime"], ["noatime"])
     assert ret["result"] is False and "not touching it" in ret["comment"]
-    salt_functions["mount.mount"].assert_not_called() and salt_functions["mount.remount"].assert_not_called()
+    assert ret["changes"] == {}
+    assert_nothing_done(salt_functions)
 
 
 def test_key_file_behind_a_symlink_into_a_users_directory_is_refused(tmp_path):
@@ -171,3 +235,1096 @@ def test_mkfs_is_forced_only_over_an_interrupted_mkfs(salt_functions, monkeypatc
     ret = states.formatted(device, stripe_kib=256, stripes=4)
     argv = salt_functions["cmd.run_all"].call_args.args[0]
     assert ret["result"] is True and argv[0] == "mkfs.xfs" and ("-f" in argv) is force
+
+
+# ---- pillar_valid --------------------------------------------------------------------------------
+
+
+def test_pillar_valid_passes_a_valid_pillar_and_changes_nothing(salt_functions):
+    ret = states.pillar_valid("hana-storage-pillar-valid")
+    assert ret == {
+        "name": "hana-storage-pillar-valid",
+        "changes": {},
+        "result": True,
+        "comment": "pillar hana:storage is valid",
+    }
+    assert_nothing_done(salt_functions)
+
+
+def test_pillar_valid_refuses_naming_every_error_and_key_path(salt_functions):
+    errors = [
+        "hana:storage:volumes:data:devices:0: /dev/vdx does not exist on this host",
+        "hana:storage:key:material: must be base64 (the value is not shown)",
+    ]
+    salt_functions["hana_storage.validate_pillar"].return_value = errors
+    ret = states.pillar_valid("hana-storage-pillar-valid")
+    assert ret["result"] is False and ret["changes"] == {}
+    assert "(2 errors)" in ret["comment"] and all(error in ret["comment"] for error in errors)
+    assert ret["comment"].endswith("nothing was touched")
+    assert_nothing_done(salt_functions)
+
+
+@pytest.mark.parametrize("errors,result", [([], True), (["hana:storage:luks:type: must be luks2"], False)])
+def test_pillar_valid_in_test_mode_only_reads_the_pillar(salt_functions, dry_run, errors, result):
+    """A gate has nothing to change: under test=True it passes (True) or fails (False) as it would."""
+    salt_functions["hana_storage.validate_pillar"].return_value = errors
+    ret = states.pillar_valid("hana-storage-pillar-valid")
+    assert ret["result"] is result and ret["changes"] == {}
+    salt_functions["hana_storage.validate_pillar"].assert_called_once_with()
+    assert_nothing_done(salt_functions)
+
+
+# ---- key_present, source keyfile -----------------------------------------------------------------
+
+
+def test_key_file_missing_is_refused(tmp_path, salt_functions):
+    ret = states.key_present(str(tmp_path / "absent.key"), "keyfile")
+    assert ret["result"] is False and ret["changes"] == {} and "does not exist" in ret["comment"]
+    assert not (tmp_path / "absent.key").exists()
+    assert_nothing_done(salt_functions)
+
+
+def test_key_file_already_root_only_is_left_alone(tmp_path, salt_functions):
+    key = tmp_path / "hana.key"
+    key.write_bytes(b"k" * 64)
+    key.chmod(0o400)
+    ret = states.key_present(str(key), "keyfile")
+    assert ret["result"] is True and ret["changes"] == {} and "root-only (0400)" in ret["comment"]
+    assert_nothing_done(salt_functions)
+
+
+def test_key_file_owned_by_a_user_is_given_to_root(tmp_path):
+    key = tmp_path / "hana.key"
+    key.write_bytes(b"k" * 64)
+    key.chmod(0o400)
+    os.chown(key, 1000, 1000)
+    ret = states.key_present(str(key), "keyfile")
+    assert ret["result"] is True and ret["changes"]["owner"] == {"old": 1000, "new": 0}
+    info = key.stat()
+    assert (info.st_mode & 0o777, info.st_uid, info.st_gid) == (0o400, 0, 0)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="_keyfile_mode checks only the directories of the key's real path, not the directory of "
+    "the symlink it is named by: a user who owns that directory can point the link at a key of theirs",
+)
+def test_key_file_named_by_a_symlink_in_a_users_directory_is_refused(tmp_path, salt_functions):
+    keys = tmp_path / "keys"
+    keys.mkdir(mode=0o700)
+    target = keys / "hana.key"
+    target.write_bytes(b"k" * 64)
+    target.chmod(0o400)
+    users = tmp_path / "sidadm"
+    users.mkdir()
+    os.chown(users, 1000, 1000)
+    link = users / "hana.key"
+    link.symlink_to(target)
+    ret = states.key_present(str(link), "keyfile")
+    assert ret["result"] is False and ret["changes"] == {}, ret
+
+
+# ---- key_present, source pillar ------------------------------------------------------------------
+
+
+def assert_no_key_material(ret):
+    text = str(ret)
+    assert MATERIAL not in text and KEY_BYTES.decode() not in text and repr(KEY_BYTES) not in text, ret
+
+
+@pytest.fixture
+def key_dir(tmp_path, monkeypatch):
+    """A key directory not yet on ramfs (what /run/hana-storage/keys is after a boot)."""
+    monkeypatch.setattr(states, "_live_mount", lambda path: None)
+    return tmp_path / "keys"
+
+
+def on_ramfs(monkeypatch, directory):
+    def live_mount(path):
+        assert path == os.path.realpath(directory)
+        return {"fstype": "ramfs", "mountpoint": path}
+
+    monkeypatch.setattr(states, "_live_mount", live_mount)
+
+
+def test_pillar_key_is_written_on_a_fresh_ramfs(salt_functions, key_dir):
+    name = key_dir / "hana.key"
+    ret = states.key_present(str(name), "pillar", KEY_PILLAR)
+    assert ret["result"] is True
+    assert ret["changes"] == {
+        "mounted": {"directory": str(key_dir), "fstype": "ramfs", "mode": "0700"},
+        "key_file": "written (32 bytes, mode 0400, ramfs)",
+    }
+    salt_functions["mount.mount"].assert_called_once_with(
+        str(key_dir), "hana-storage-keys", fstype="ramfs", opts="mode=0700"
+    )
+    assert name.read_bytes() == KEY_BYTES and name.stat().st_mode & 0o777 == 0o400
+    assert not (key_dir / "hana.key.new").exists()
+    assert argvs_run(salt_functions) == []
+    assert_no_key_material(ret)
+
+
+def test_pillar_key_removes_a_copy_left_below_the_ramfs(salt_functions, key_dir):
+    key_dir.mkdir()
+    stale = key_dir / "hana.key"
+    stale.write_bytes(b"an old key on tmpfs")
+    ret = states.key_present(str(stale), "pillar", KEY_PILLAR)
+    assert ret["result"] is True and ret["changes"]["removed"] == [str(stale)]
+    assert_no_key_material(ret)
+
+
+def test_pillar_key_in_place_on_ramfs_is_left_alone(salt_functions, tmp_path, monkeypatch):
+    name = tmp_path / "hana.key"
+    name.write_bytes(KEY_BYTES)
+    name.chmod(0o400)
+    on_ramfs(monkeypatch, tmp_path)
+    ret = states.key_present(str(name), "pillar", KEY_PILLAR)
+    assert ret["result"] is True and ret["changes"] == {} and "is in place" in ret["comment"]
+    assert_nothing_done(salt_functions)
+    assert_no_key_material(ret)
+
+
+def test_pillar_key_that_differs_on_ramfs_is_rewritten_without_a_new_mount(
+    salt_functions, tmp_path, monkeypatch
+):
+    name = tmp_path / "hana.key"
+    name.write_bytes(b"the key of an earlier pillar!!!!")
+    name.chmod(0o400)
+    on_ramfs(monkeypatch, tmp_path)
+    ret = states.key_present(str(name), "pillar", KEY_PILLAR)
+    assert ret["result"] is True and ret["changes"] == {"key_file": "written (32 bytes, mode 0400, ramfs)"}
+    assert name.read_bytes() == KEY_BYTES
+    salt_functions["mount.mount"].assert_not_called()
+    assert_no_key_material(ret)
+
+
+def test_pillar_key_in_test_mode_writes_and_mounts_nothing(salt_functions, key_dir, dry_run):
+    ret = states.key_present(str(key_dir / "hana.key"), "pillar", KEY_PILLAR)
+    assert ret["result"] is None and ret["changes"] == {}
+    assert f"would mount a ramfs (mode 0700) on {key_dir}" in ret["comment"]
+    assert not key_dir.exists()
+    assert_nothing_done(salt_functions)
+    assert_no_key_material(ret)
+
+
+@pytest.mark.parametrize(
+    "material",
+    [None, "", "not base64 at all!", "QUJD=ZEVG", 12345, {"nested": MATERIAL}],
+    ids=["missing", "empty", "not-base64", "bad-padding", "int", "dict"],
+)
+def test_pillar_key_without_usable_material_is_refused_and_the_value_never_shown(
+    salt_functions, key_dir, pillar_data, material
+):
+    pillar_data["hana"]["storage"]["key"]["material"] = material
+    ret = states.key_present(str(key_dir / "hana.key"), "pillar", KEY_PILLAR)
+    assert ret["result"] is False and ret["changes"] == {}
+    assert "no usable key material at pillar hana:storage:key:material" in ret["comment"]
+    if isinstance(material, str) and material:
+        assert material not in str(ret)
+    assert not key_dir.exists()
+    assert_nothing_done(salt_functions)
+
+
+def test_pillar_key_through_a_symlinked_directory_is_refused(salt_functions, tmp_path, monkeypatch):
+    real = tmp_path / "elsewhere"
+    real.mkdir()
+    (tmp_path / "keys").symlink_to(real)
+    monkeypatch.setattr(states, "_live_mount", lambda path: None)
+    ret = states.key_present(str(tmp_path / "keys" / "hana.key"), "pillar", KEY_PILLAR)
+    assert ret["result"] is False and ret["changes"] == {} and "is a symlink" in ret["comment"]
+    assert list(real.iterdir()) == []
+    assert_nothing_done(salt_functions)
+    assert_no_key_material(ret)
+
+
+def test_pillar_key_is_not_written_where_the_mount_table_is_unreadable(salt_functions, tmp_path, monkeypatch):
+    def unreadable(path):
+        raise states.MountTableError(f"cannot tell what is mounted at {path}")
+
+    monkeypatch.setattr(states, "_live_mount", unreadable)
+    ret = states.key_present(str(tmp_path / "keys" / "hana.key"), "pillar", KEY_PILLAR)
+    assert ret["result"] is False and ret["changes"] == {} and "not writing a key there" in ret["comment"]
+    assert not (tmp_path / "keys").exists()
+    assert_nothing_done(salt_functions)
+
+
+def test_pillar_key_is_not_written_when_the_ramfs_mount_fails(salt_functions, key_dir):
+    salt_functions["mount.mount"].return_value = "mount: permission denied"
+    ret = states.key_present(str(key_dir / "hana.key"), "pillar", KEY_PILLAR)
+    assert ret["result"] is False and "mounting a ramfs" in ret["comment"]
+    assert not (key_dir / "hana.key").exists()
+    assert_no_key_material(ret)
+
+
+# ---- devices_safe --------------------------------------------------------------------------------
+
+DISKS = ["/dev/vdc", "/dev/vdd"]
+
+
+def plan_volume(encryption="above_lvm", may_format=(), key_file="/nonexistent/hana.key"):
+    """The part of a volume's plan (hana_storage.settings) the guard reads."""
+    if encryption == "above_lvm":
+        crypt = [{"name": "hana_data", "device": "/dev/vg_hana_data/lv_hana_data"}]
+    else:
+        crypt = [{"name": f"hana_data_{i}", "device": disk} for i, disk in enumerate(DISKS)]
+    return {"name": "data", "encryption": encryption, "devices": list(DISKS), "may_format": list(may_format),
+            "vg": "vg_hana_data", "lv_dm_name": "vg_hana_data-lv_hana_data", "crypt": crypt,
+            "key": {"file": key_file}}  # fmt: skip
+
+
+def probes(salt_functions, **facts_by_disk):
+    """The module's probe of DISKS; ``vdc={...}`` gives /dev/vdc's facts."""
+    salt_functions["hana_storage_host.probe"].return_value = {
+        disk: probe(disk, **facts_by_disk.get(disk.rsplit("/", 1)[-1], {})) for disk in DISKS
+    }
+
+
+EXT4 = {"signatures": [{"type": "ext4", "usage": "filesystem"}]}
+CLOSED_LUKS = {
+    "signatures": [{"type": "crypto_LUKS", "usage": "crypto"}],
+    "luks": {"version": 2, "keyslots": 1},
+}
+
+
+def test_devices_safe_lets_blank_disks_through_untouched(salt_functions):
+    probes(salt_functions)
+    ret = states.devices_safe("data", plan_volume())
+    assert ret["result"] is True and ret["changes"] == {}
+    assert ret["comment"] == "volume data: /dev/vdc blank, /dev/vdd blank"
+    salt_functions["hana_storage_host.probe"].assert_called_once_with(DISKS, key_file=None)
+    assert_nothing_done(salt_functions)
+
+
+def test_devices_safe_wipes_exactly_the_disk_allow_format_names(salt_functions):
+    probes(salt_functions, vdc=EXT4)
+    ret = states.devices_safe("data", plan_volume(may_format=["/dev/vdc"]))
+    assert ret["result"] is True
+    assert argvs_run(salt_functions) == [["wipefs", "--all", "/dev/vdc"]]
+    assert ret["changes"] == {"wiped": {"/dev/vdc": "carries a ext4 signature; allowed by allow_format"}}
+
+
+def test_devices_safe_refuses_foreign_data_and_then_wipes_no_disk_at_all(salt_functions):
+    """/dev/vdc may be wiped, /dev/vdd holds data nobody allowed: the whole volume stops."""
+    probes(salt_functions, vdc=EXT4, vdd={"signatures": [{"type": "xfs", "usage": "filesystem"}]})
+    ret = states.devices_safe("data", plan_volume(may_format=["/dev/vdc"]))
+    assert ret["result"] is False and ret["changes"] == {}
+    assert "refusing to touch volume data: /dev/vdd carries a xfs signature" in ret["comment"]
+    assert "hana:storage:volumes:data:allow_format" in ret["comment"]
+    assert_nothing_done(salt_functions)
+
+
+@pytest.mark.parametrize(
+    "facts,why",
+    [
+        ({"mountpoints": ["/srv"], **EXT4}, "mounted at /srv"),
+        ({"holders": ["someone_elses_dm"], **EXT4}, "in use by someone_elses_dm"),
+        ({"pttype": "gpt"}, "gpt partition table"),
+    ],
+    ids=["mounted", "held", "partitioned"],
+)
+def test_devices_safe_refuses_a_disk_in_use_even_when_allow_format_names_it(salt_functions, facts, why):
+    probes(salt_functions, vdc=facts)
+    may_format = [] if "pttype" in facts else DISKS
+    ret = states.devices_safe("data", plan_volume(may_format=may_format))
+    assert ret["result"] is False and ret["changes"] == {} and why in ret["comment"]
+    assert_nothing_done(salt_functions)
+
+
+def test_devices_safe_in_test_mode_says_what_it_would_wipe(salt_functions, dry_run):
+    probes(salt_functions, vdc=EXT4)
+    ret = states.devices_safe("data", plan_volume(may_format=["/dev/vdc"]))
+    assert ret["result"] is None and ret["changes"] == {}
+    assert ret["comment"].startswith("would wipe /dev/vdc (")
+    assert_nothing_done(salt_functions)
+
+
+def test_devices_safe_tries_the_key_on_luks_disks_below_lvm(salt_functions, tmp_path):
+    key = tmp_path / "hana.key"
+    key.write_bytes(b"k" * 64)
+    probes(salt_functions, vdc={**CLOSED_LUKS, "key_opens": True}, vdd={**CLOSED_LUKS, "key_opens": True})
+    ret = states.devices_safe("data", plan_volume("below_lvm", key_file=str(key)))
+    assert ret["result"] is True and ret["changes"] == {}
+    salt_functions["hana_storage_host.probe"].assert_called_once_with(DISKS, key_file=str(key))
+    assert_nothing_done(salt_functions)
+
+
+def test_devices_safe_refuses_luks_the_volumes_key_cannot_open(salt_functions, tmp_path):
+    key = tmp_path / "hana.key"
+    key.write_bytes(b"k" * 64)
+    probes(salt_functions, vdc={**CLOSED_LUKS, "key_opens": False})
+    ret = states.devices_safe("data", plan_volume("below_lvm", key_file=str(key)))
+    assert ret["result"] is False and ret["changes"] == {}
+    assert "/dev/vdc is LUKS that the volume's key cannot open" in ret["comment"]
+    assert_nothing_done(salt_functions)
+
+
+@pytest.mark.parametrize("test", [True, False], ids=["test", "apply"])
+def test_devices_safe_waits_for_the_key_file_only_in_test_mode(salt_functions, opts, test):
+    """No key file yet (the key state has not run): test=True cannot tell and says so; a real run
+    with no key file refuses LUKS it cannot try the key on."""
+    opts["test"] = test
+    probes(salt_functions, vdc=CLOSED_LUKS, vdd=CLOSED_LUKS)
+    ret = states.devices_safe("data", plan_volume("below_lvm"))
+    assert ret["result"] is (None if test else False) and ret["changes"] == {}
+    assert ("checked once the key file" in ret["comment"]) is test
+    assert_nothing_done(salt_functions)
+
+
+def test_devices_safe_stops_at_a_failed_wipe(salt_functions):
+    probes(salt_functions, vdc=EXT4, vdd=EXT4)
+    fail_commands(salt_functions, "wipefs: error: /dev/vdc: probing initialization failed")
+    ret = states.devices_safe("data", plan_volume(may_format=DISKS))
+    assert ret["result"] is False and "wipefs /dev/vdc failed: wipefs: error" in ret["comment"]
+    assert argvs_run(salt_functions) == [["wipefs", "--all", "/dev/vdc"]]
+    assert ret["changes"] == {}
+
+
+# ---- luks_formatted ------------------------------------------------------------------------------
+
+LV = "/dev/vg_hana_data/lv_hana_data"
+LUKS = {"type": "luks2", "cipher": "aes-xts-plain64", "key_size": 512, "sector_size": 4096,
+        "pbkdf": {"type": "argon2id", "memory_kib": 1048576}}  # fmt: skip
+LUKS_WHAT = "LUKS2 aes-xts-plain64, 512-bit key, 4096-byte sectors, argon2id"
+
+
+def luks_format_argv(key_file, *tail):
+    return ["cryptsetup", "luksFormat", "--batch-mode", "--type", "luks2", "--cipher", "aes-xts-plain64",
+            "--key-size", "512", "--sector-size", "4096", "--pbkdf", "argon2id", "--pbkdf-memory", "1048576",
+            "--key-file", key_file, "--label", "hana_data", *tail, LV]  # fmt: skip
+
+
+@pytest.fixture
+def lv_probe(salt_functions, monkeypatch):
+    """The LV exists; set_lv_probe(**facts) says what the module's probe finds on it."""
+    fake_paths(monkeypatch, present=[LV])
+
+    def set_lv_probe(**facts):
+        salt_functions["hana_storage_host.probe"].return_value = {LV: probe(LV, **facts)}
+
+    set_lv_probe()
+    return set_lv_probe
+
+
+def test_luks_formatted_formats_a_blank_lv_with_the_policy(salt_functions, lv_probe, tmp_path):
+    key = tmp_path / "hana.key"
+    key.write_bytes(b"k" * 64)
+    ret = states.luks_formatted(LV, str(key), LUKS, "hana_data")
+    assert ret["result"] is True
+    assert argvs_run(salt_functions) == [luks_format_argv(str(key))]
+    assert ret["changes"] == {"formatted": {"device": LV, "luks_uuid": "u-1", "format": LUKS_WHAT}}
+    salt_functions["hana_storage_host.probe"].assert_called_once_with([LV], key_file=str(key))
+
+
+def test_luks_formatted_starts_the_payload_on_a_full_stripe(salt_functions, lv_probe):
+    """3 x 256 KiB = 768 KiB stripes do not divide cryptsetup's 16 MiB: the payload moves to 16.5 MiB."""
+    ret = states.luks_formatted(LV, "/etc/hana/hana.key", LUKS, "hana_data", stripe_kib=256, stripes=3)
+    assert ret["result"] is True
+    assert argvs_run(salt_functions) == [luks_format_argv("/etc/hana/hana.key", "--offset", "33792")]
+
+
+def test_luks_formatted_in_test_mode_formats_nothing(salt_functions, lv_probe, dry_run):
+    ret = states.luks_formatted(LV, "/etc/hana/hana.key", LUKS, "hana_data")
+    assert ret["result"] is None and ret["changes"] == {}
+    assert ret["comment"] == f"would luksFormat {LV} ({LUKS_WHAT}; blank)"
+    assert_nothing_done(salt_functions)
+    salt_functions["hana_storage_host.luks_header"].assert_not_called()
+
+
+@pytest.mark.parametrize("test", [True, False], ids=["test", "apply"])
+def test_luks_formatted_waits_for_an_lv_that_does_not_exist_yet(salt_functions, monkeypatch, opts, test):
+    opts["test"] = test
+    fake_paths(monkeypatch, absent=[LV])
+    ret = states.luks_formatted(LV, "/etc/hana/hana.key", LUKS, "hana_data")
+    assert ret["result"] is (None if test else False) and ret["changes"] == {}
+    salt_functions["hana_storage_host.probe"].assert_not_called()
+    assert_nothing_done(salt_functions)
+
+
+@pytest.mark.parametrize(
+    "facts",
+    [
+        {**CLOSED_LUKS, "key_opens": True},
+        {**CLOSED_LUKS, "holders": ["hana_data"]},
+    ],
+    ids=["key-opens-it", "open-as-its-label"],
+)
+def test_luks_formatted_keeps_the_volumes_own_luks(salt_functions, lv_probe, facts):
+    lv_probe(**facts)
+    ret = states.luks_formatted(LV, "/etc/hana/hana.key", LUKS, "hana_data", may_wipe=True)
+    assert ret["result"] is True and ret["changes"] == {} and "already LUKS" in ret["comment"]
+    assert_nothing_done(salt_functions)
+
+
+@pytest.mark.parametrize(
+    "facts,may_wipe,why",
+    [
+        (EXT4, False, "carries a ext4 signature"),
+        ({"data_at": 1 << 20}, False, "non-zero bytes at offset 1048576"),
+        ({**CLOSED_LUKS, "key_opens": False}, False, "LUKS that the volume's key cannot open"),
+        ({**CLOSED_LUKS, "key_opens": None, "key_error": "out of memory"}, True, "failed: out of memory"),
+        ({**EXT4, "mountpoints": ["/srv"]}, True, "in use by /srv"),
+        ({**EXT4, "holders": ["vg_other-lv_other"]}, True, "in use by vg_other-lv_other"),
+    ],
+    ids=["foreign-fs", "data-without-signature", "foreign-luks", "key-test-failed", "mounted", "held"],
+)
+def test_luks_formatted_refuses_what_it_must_not_format(salt_functions, lv_probe, facts, may_wipe, why):
+    lv_probe(**facts)
+    ret = states.luks_formatted(LV, "/etc/hana/hana.key", LUKS, "hana_data", may_wipe=may_wipe)
+    assert ret["result"] is False and ret["changes"] == {} and why in ret["comment"], ret
+    assert "Nothing was changed" in ret["comment"]
+    assert_nothing_done(salt_functions)
+
+
+def test_luks_formatted_wipes_first_when_every_device_may_be_formatted(salt_functions, lv_probe):
+    lv_probe(**EXT4)
+    ret = states.luks_formatted(LV, "/etc/hana/hana.key", LUKS, "hana_data", may_wipe=True)
+    assert ret["result"] is True
+    assert argvs_run(salt_functions) == [["wipefs", "--all", LV], luks_format_argv("/etc/hana/hana.key")]
+    assert set(ret["changes"]) == {"wiped", "formatted"} and LV in ret["changes"]["wiped"]
+
+
+def test_luks_formatted_takes_an_lv_this_run_created_as_blank(salt_functions, lv_probe, monkeypatch):
+    """Leftover bytes of an earlier LV read back from new extents; the LV itself is new."""
+    lv_probe(data_at=4096)
+    running = {
+        "lvm_|-hana-storage-data-lv_|-lv_hana_data_|-lv_present": {
+            "__id__": "hana-storage-data-lv",
+            "changes": {"created": {"Logical volume": "created"}},
+        },
+        "hana_storage_|-hana-storage-data-guard_|-data_|-devices_safe": {
+            "__id__": "hana-storage-data-guard",
+            "changes": {},
+        },
+    }
+    monkeypatch.setattr(states, "__running__", running, raising=False)
+    ret = states.luks_formatted(LV, "/k", LUKS, "hana_data", created_by="hana-storage-data-lv")
+    assert ret["result"] is True and argvs_run(salt_functions) == [luks_format_argv("/k")]
+    # the same LV, not created in this run (or no creator named): its data is someone's
+    salt_functions["cmd.run_all"].reset_mock()
+    for created_by in ("hana-storage-data-guard", None):
+        ret = states.luks_formatted(LV, "/k", LUKS, "hana_data", created_by=created_by)
+        assert ret["result"] is False and ret["changes"] == {}
+    assert_nothing_done(salt_functions)
+
+
+def test_luks_formatted_reports_a_failed_luksformat(salt_functions, lv_probe):
+    fail_commands(salt_functions, "Cannot format device /dev/vg_hana_data/lv_hana_data in use.")
+    ret = states.luks_formatted(LV, "/k", LUKS, "hana_data")
+    assert ret["result"] is False and ret["changes"] == {} and "luksFormat" in ret["comment"]
+    salt_functions["hana_storage_host.luks_header"].assert_not_called()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="luks_formatted under test=True refuses LUKS it could not try the key on because the key "
+    "file is not written yet (key_not_tested), where devices_safe says it will check once the key is "
+    "there: a pillar key after a reboot makes test=True report a failure the real run does not have",
+)
+def test_luks_formatted_in_test_mode_waits_for_the_key_file_before_judging_luks(
+    salt_functions, lv_probe, dry_run
+):
+    lv_probe(**CLOSED_LUKS)  # the volume's own LUKS, closed after a reboot; its pillar key not yet on ramfs
+    ret = states.luks_formatted(LV, "/run/hana-storage/keys/data.key", LUKS, "hana_data")
+    assert ret["result"] is None and ret["changes"] == {}, ret
+    assert_nothing_done(salt_functions)
+
+
+# ---- tang_bound ----------------------------------------------------------------------------------
+
+TANG = {"servers": [{"url": "http://tang.example:7500", "thumbprint": "T" * 43}], "threshold": 1}
+
+
+def clevis_token(servers, threshold=1):
+    binding = {"pin": "tang" if len(servers) == 1 else "sss", "threshold": threshold,
+               "servers": [{"url": url, "thumbprints": [thp, "sha1-" + thp[:22]], "kid": "k"}
+                           for url, thp in servers]}  # fmt: skip
+    return {"id": 0, "type": "clevis", "keyslots": [1], "clevis": binding}
+
+
+def luks_tokens(salt_functions, *tokens):
+    salt_functions["hana_storage_host.luks_header"].return_value = {
+        "uuid": "u-1",
+        "flags": [],
+        "tokens": list(tokens),
+    }
+
+
+def test_tang_bound_binds_an_unbound_device_with_the_pinned_thumbprint(salt_functions):
+    luks_tokens(salt_functions)
+    ret = states.tang_bound(LV, "/etc/hana/recovery.key", TANG)
+    assert ret["result"] is True
+    config = json.dumps({"thp": "T" * 43, "url": "http://tang.example:7500"}, sort_keys=True)
+    assert argvs_run(salt_functions) == [
+        ["clevis", "luks", "bind", "-d", LV, "-k", "/etc/hana/recovery.key", "tang", config]
+    ]
+    assert ret["changes"] == {"bound": {"servers": ["http://tang.example:7500"], "threshold": 1}}
+
+
+def test_tang_bound_binds_several_servers_through_sss(salt_functions):
+    luks_tokens(salt_functions)
+    tang = {"servers": [{"url": "http://a:7500", "thumbprint": "A" * 43},
+                        {"url": "http://b:7500", "thumbprint": "B" * 43}], "threshold": 2}  # fmt: skip
+    ret = states.tang_bound(LV, "/k", tang)
+    (argv,) = argvs_run(salt_functions)
+    assert ret["result"] is True and argv[:7] == ["clevis", "luks", "bind", "-d", LV, "-k", "/k"]
+    assert argv[7] == "sss" and json.loads(argv[8]) == {
+        "t": 2,
+        "pins": {
+            "tang": [{"url": "http://a:7500", "thp": "A" * 43}, {"url": "http://b:7500", "thp": "B" * 43}]
+        },
+    }
+
+
+def test_tang_bound_keeps_the_pillars_binding(salt_functions):
+    luks_tokens(salt_functions, clevis_token([("http://tang.example:7500", "T" * 43)]))
+    ret = states.tang_bound(LV, "/k", TANG)
+    assert ret["result"] is True and ret["changes"] == {} and "is bound to" in ret["comment"]
+    assert_nothing_done(salt_functions)
+
+
+@pytest.mark.parametrize("test", [True, False], ids=["test", "apply"])
+@pytest.mark.parametrize(
+    "tokens",
+    [
+        [clevis_token([("http://rogue.example", "R" * 43)])],
+        [clevis_token([("http://tang.example:7500", "R" * 43)])],
+        [clevis_token([("http://tang.example:7500", "T" * 43)]), clevis_token([("http://rogue", "R" * 43)])],
+        [{"id": 0, "type": "clevis", "keyslots": [1], "clevis": {"error": "unreadable Clevis token"}}],
+    ],
+    ids=["other-server", "other-thumbprint", "one-extra-binding", "unreadable"],
+)
+def test_tang_bound_refuses_to_bind_beside_a_binding_not_the_pillars(salt_functions, opts, tokens, test):
+    opts["test"] = test
+    luks_tokens(salt_functions, *tokens)
+    ret = states.tang_bound(LV, "/k", TANG)
+    assert ret["result"] is False and ret["changes"] == {} and "clevis luks unbind" in ret["comment"]
+    assert_nothing_done(salt_functions)
+
+
+def test_tang_bound_in_test_mode_binds_nothing(salt_functions, dry_run):
+    luks_tokens(salt_functions, {"id": 0, "type": "systemd-tpm2", "keyslots": [2]})
+    ret = states.tang_bound(LV, "/k", TANG)
+    assert ret["result"] is None and ret["changes"] == {} and "would bind" in ret["comment"]
+    assert_nothing_done(salt_functions)
+
+
+@pytest.mark.parametrize("test", [True, False], ids=["test", "apply"])
+def test_tang_bound_waits_for_a_device_that_is_not_luks_yet(salt_functions, opts, test):
+    opts["test"] = test
+    salt_functions["hana_storage_host.luks_header"].side_effect = CommandExecutionError(f"{LV}: not LUKS")
+    ret = states.tang_bound(LV, "/k", TANG)
+    assert ret["result"] is (None if test else False) and ret["changes"] == {}
+    assert_nothing_done(salt_functions)
+
+
+def test_tang_bound_reports_a_failed_bind(salt_functions):
+    luks_tokens(salt_functions)
+    fail_commands(salt_functions, "Error communicating with server http://tang.example:7500")
+    ret = states.tang_bound(LV, "/k", TANG)
+    assert ret["result"] is False and ret["changes"] == {} and "clevis luks bind" in ret["comment"]
+
+
+# ---- pv_safe -------------------------------------------------------------------------------------
+
+
+def test_pv_safe_runs_nothing_and_lets_a_blank_device_through(salt_functions, monkeypatch, dry_run):
+    inner = "/dev/mapper/hana_data_0"
+    fake_paths(monkeypatch, present=[inner])
+    salt_functions["hana_storage_host.probe"].return_value = {inner: probe(inner)}
+    ret = states.pv_safe(inner, "vg_hana_data")
+    assert ret["result"] is True and ret["changes"] == {} and ret["comment"] == f"{inner}: blank"
+    salt_functions["hana_storage_host.probe"].assert_called_once_with([inner], key_file=None)
+    assert_nothing_done(salt_functions)
+
+
+def test_pv_safe_refuses_a_device_that_is_not_open(salt_functions, monkeypatch):
+    fake_paths(monkeypatch, absent=["/dev/mapper/hana_data_0"])
+    ret = states.pv_safe("/dev/mapper/hana_data_0", "vg_hana_data")
+    assert ret["result"] is False and ret["changes"] == {} and "does not exist" in ret["comment"]
+    salt_functions["hana_storage_host.probe"].assert_not_called()
+    assert_nothing_done(salt_functions)
+
+
+@pytest.mark.parametrize(
+    "facts,why",
+    [
+        ({"signatures": [{"type": "LVM2_member", "usage": "raid"}], "pv_vg": "vg_other"}, "vg_other"),
+        ({"signatures": [{"type": "linux_raid_member", "usage": "raid"}]}, "linux_raid_member"),
+        ({"mountpoints": ["/mnt"]}, "in use by /mnt"),
+    ],
+    ids=["other-vgs-pv", "md-member", "mounted"],
+)
+def test_pv_safe_refuses_what_pvcreate_would_destroy(salt_functions, monkeypatch, facts, why):
+    inner = "/dev/mapper/hana_data_0"
+    fake_paths(monkeypatch, present=[inner])
+    salt_functions["hana_storage_host.probe"].return_value = {inner: probe(inner, **facts)}
+    ret = states.pv_safe(inner, "vg_hana_data", "vg_hana_data-lv_hana_data")
+    assert ret["result"] is False and ret["changes"] == {} and why in ret["comment"]
+    assert "Nothing was changed" in ret["comment"]
+    assert_nothing_done(salt_functions)
+
+
+# ---- luks_opened ---------------------------------------------------------------------------------
+
+FLAGS = pillar.crypt_flags(
+    {"allow_discards": False, "perf": {"no_read_workqueue": True, "no_write_workqueue": True}}
+)
+WANTED = ["no_read_workqueue", "no_write_workqueue"]  # dm table spelling
+STORED = ["no-read-workqueue", "no-write-workqueue"]  # LUKS2 header spelling
+PERF_OPTIONS = ["--perf-no_read_workqueue", "--perf-no_write_workqueue"]
+KEY = "/etc/hana/keys/hana.key"
+
+
+@pytest.fixture
+def luks_lv(salt_functions, monkeypatch):
+    """The LV exists and is LUKS; luks_lv(header=[...], table=[...] or None, same=True) sets its
+    header's persistent flags, the crypt mapping hana_data (None: closed) and whether the mapping's
+    device is the LV."""
+    fake_paths(monkeypatch, present=[LV])
+
+    def set_state(header=(), table=None, same=True, target="crypt"):
+        salt_functions["hana_storage_host.luks_header"].return_value = {"uuid": "u-1", "flags": list(header)}
+        segments = (
+            [{"target": target, "device": "253:3", "flags": list(table)}] if table is not None else None
+        )
+        salt_functions["hana_storage_host.dm_tables"].return_value = (
+            {} if segments is None else {"hana_data": segments}
+        )
+        monkeypatch.setattr(
+            states, "_same_device", lambda device, path: same and (device, path) == ("253:3", LV)
+        )
+
+    return set_state
+
+
+def test_luks_opened_opens_with_the_flags_and_stores_them_in_the_header(salt_functions, luks_lv):
+    luks_lv(header=[], table=None)
+    ret = states.luks_opened("hana_data", LV, KEY, FLAGS)
+    assert ret["result"] is True
+    assert argvs_run(salt_functions) == [
+        [
+            "cryptsetup",
+            "open",
+            "--type",
+            "luks2",
+            "--key-file",
+            KEY,
+            *PERF_OPTIONS,
+            "--persistent",
+            LV,
+            "hana_data",
+        ]
+    ]
+    assert ret["changes"] == {"opened": {"device": LV, "name": "hana_data", "flags": WANTED}}
+
+
+def test_luks_opened_opens_without_rewriting_a_header_that_has_the_flags(salt_functions, luks_lv):
+    luks_lv(header=STORED, table=None)
+    ret = states.luks_opened("hana_data", LV, KEY, FLAGS)
+    assert ret["result"] is True
+    assert argvs_run(salt_functions) == [
+        ["cryptsetup", "open", "--type", "luks2", "--key-file", KEY, *PERF_OPTIONS, LV, "hana_data"]
+    ]
+
+
+def test_luks_opened_refreshes_a_mapping_whose_active_flags_differ(salt_functions, luks_lv):
+    luks_lv(header=STORED, table=["allow_discards", "no_read_workqueue"])
+    ret = states.luks_opened("hana_data", LV, KEY, FLAGS)
+    assert ret["result"] is True
+    assert argvs_run(salt_functions) == [
+        ["cryptsetup", "refresh", "--key-file", KEY, *PERF_OPTIONS, "hana_data"]
+    ]
+    assert ret["changes"] == {
+        "flags": {"active": {"old": ["allow_discards", "no_read_workqueue"], "new": WANTED}}
+    }
+
+
+def test_luks_opened_refreshes_persistently_when_only_the_header_lacks_the_flags(salt_functions, luks_lv):
+    luks_lv(header=["allow-discards"], table=WANTED)
+    ret = states.luks_opened("hana_data", LV, KEY, FLAGS)
+    assert ret["result"] is True
+    assert argvs_run(salt_functions) == [
+        ["cryptsetup", "refresh", "--key-file", KEY, *PERF_OPTIONS, "--persistent", "hana_data"]
+    ]
+    assert ret["changes"]["flags"]["persistent"] == {"old": ["allow-discards"], "new": STORED}
+
+
+def test_luks_opened_leaves_a_mapping_alone_when_table_and_header_agree(salt_functions, luks_lv):
+    luks_lv(header=STORED, table=[*WANTED, "same_cpu_crypt"])  # a flag it does not manage stays
+    ret = states.luks_opened("hana_data", LV, KEY, FLAGS)
+    assert ret["result"] is True and ret["changes"] == {}
+    assert ret["comment"] == f"hana_data is open with flags {WANTED} (active and persistent)"
+    assert_nothing_done(salt_functions)
+
+
+@pytest.mark.parametrize("test", [True, False], ids=["test", "apply"])
+@pytest.mark.parametrize("target", ["crypt", "linear"])
+def test_luks_opened_refuses_a_mapping_of_another_device(salt_functions, luks_lv, opts, test, target):
+    opts["test"] = test
+    luks_lv(header=[], table=[], same=target == "linear", target=target)
+    ret = states.luks_opened("hana_data", LV, KEY, FLAGS)
+    assert ret["result"] is False and ret["changes"] == {}
+    assert (
+        ret["comment"] == f"/dev/mapper/hana_data exists but is not a crypt mapping of {LV}: not touching it"
+    )
+    assert_nothing_done(salt_functions)
+
+
+@pytest.mark.parametrize("table", [None, ["allow_discards"]], ids=["closed", "open-with-other-flags"])
+def test_luks_opened_in_test_mode_opens_and_refreshes_nothing(salt_functions, luks_lv, dry_run, table):
+    luks_lv(header=[], table=table)
+    ret = states.luks_opened("hana_data", LV, KEY, FLAGS)
+    assert ret["result"] is None and ret["changes"] == {} and "would" in ret["comment"]
+    assert_nothing_done(salt_functions)
+
+
+def test_luks_opened_refuses_to_open_a_device_that_does_not_exist(salt_functions, monkeypatch):
+    fake_paths(monkeypatch, absent=[LV])
+    ret = states.luks_opened("hana_data", LV, KEY, FLAGS)
+    assert ret["result"] is False and ret["changes"] == {} and "does not exist" in ret["comment"]
+    assert_nothing_done(salt_functions)
+
+
+def test_luks_opened_reports_a_failed_open(salt_functions, luks_lv):
+    luks_lv(header=[], table=None)
+    fail_commands(salt_functions, "No key available with this passphrase.")
+    ret = states.luks_opened("hana_data", LV, KEY, FLAGS)
+    assert ret["result"] is False and ret["changes"] == {}
+    assert ret["comment"] == f"cryptsetup open {LV} failed: No key available with this passphrase."
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="luks_opened compares every stored header flag with the wanted ones, but only the flags it "
+    "manages in the table (and the audit, HANA-PERF-003, only managed ones in the header): a header "
+    "flag outside the policy (same-cpu-crypt) triggers refresh --persistent, which drops it",
+)
+def test_luks_opened_leaves_a_header_flag_it_does_not_manage_alone(salt_functions, luks_lv):
+    luks_lv(header=[*STORED, "same-cpu-crypt"], table=[*WANTED, "same_cpu_crypt"])
+    ret = states.luks_opened("hana_data", LV, KEY, FLAGS)
+    assert ret["result"] is True and ret["changes"] == {}, ret
+    assert_nothing_done(salt_functions)
+
+
+def test_same_device_matches_a_table_major_minor_to_the_device_node():
+    rdev = os.stat("/dev/null").st_rdev
+    assert states._same_device(f"{os.major(rdev)}:{os.minor(rdev)}", "/dev/null")
+    assert not states._same_device("8:16", "/dev/null")
+    assert not states._same_device("8:16", "/nonexistent/device")
+
+
+# ---- crypttab_present ----------------------------------------------------------------------------
+
+CRYPTTAB_OPTIONS = ["luks", "no-read-workqueue", "no-write-workqueue"]
+CRYPTTAB_LINE = f"hana_data UUID=u-1 {KEY} luks,no-read-workqueue,no-write-workqueue"
+
+
+@pytest.mark.parametrize("status,verb", [("new", "add"), ("change", "update")])
+def test_crypttab_present_writes_the_entry_by_luks_uuid(salt_functions, monkeypatch, status, verb):
+    fake_paths(monkeypatch, present=[LV, "/etc/crypttab"])
+    salt_functions["cryptdev.set_crypttab"].return_value = status
+    ret = states.crypttab_present("hana_data", LV, KEY, CRYPTTAB_OPTIONS)
+    assert ret["result"] is True and ret["changes"] == {"crypttab": {status: CRYPTTAB_LINE}}
+    assert ret["comment"] == f"/etc/crypttab: {verb} {CRYPTTAB_LINE}"
+    salt_functions["cryptdev.set_crypttab"].assert_called_once_with(
+        "hana_data", "UUID=u-1", password=KEY, options=CRYPTTAB_OPTIONS, test=False, match_on="name"
+    )
+    salt_functions["hana_storage_host.luks_header"].assert_called_once_with(LV)
+    assert argvs_run(salt_functions) == []
+
+
+def test_crypttab_present_leaves_a_matching_entry_alone(salt_functions, monkeypatch):
+    fake_paths(monkeypatch, present=[LV, "/etc/crypttab"])
+    ret = states.crypttab_present("hana_data", LV, KEY, CRYPTTAB_OPTIONS)
+    assert (
+        ret["result"] is True and ret["changes"] == {} and ret["comment"] == f"/etc/crypttab: {CRYPTTAB_LINE}"
+    )
+
+
+def test_crypttab_present_creates_a_missing_crypttab_0644(salt_functions, monkeypatch, tmp_path):
+    fake_paths(monkeypatch, present=[LV], absent=["/etc/crypttab"])
+    made, modes = tmp_path / "crypttab", []
+
+    def redirected_open(path, *args, **kwargs):
+        assert path == "/etc/crypttab"
+        return builtins.open(made, *args, **kwargs)
+
+    def recorded_chmod(path, mode):
+        modes.append((path, mode))
+
+    monkeypatch.setattr(states, "open", redirected_open, raising=False)
+    monkeypatch.setattr(states.os, "chmod", recorded_chmod)
+    salt_functions["cryptdev.set_crypttab"].return_value = "new"
+    ret = states.crypttab_present("hana_data", LV, KEY, CRYPTTAB_OPTIONS)
+    assert ret["result"] is True and ret["changes"] == {"crypttab": {"new": CRYPTTAB_LINE}}
+    assert made.exists() and modes == [("/etc/crypttab", 0o644)]
+
+
+@pytest.mark.parametrize("crypttab", [True, False], ids=["crypttab", "no-crypttab"])
+def test_crypttab_present_in_test_mode_only_asks(salt_functions, monkeypatch, dry_run, crypttab):
+    fake_paths(monkeypatch, present=[LV, "/etc/crypttab"] if crypttab else [LV], absent=["/etc/crypttab"])
+    salt_functions["cryptdev.set_crypttab"].return_value = "new"
+    ret = states.crypttab_present("hana_data", LV, KEY, CRYPTTAB_OPTIONS)
+    assert ret["result"] is None and ret["changes"] == {}
+    assert ret["comment"] == (
+        f"would add /etc/crypttab: {CRYPTTAB_LINE}"
+        if crypttab
+        else f"would create /etc/crypttab with: {CRYPTTAB_LINE}"
+    )
+    assert salt_functions["cryptdev.set_crypttab"].call_count == (1 if crypttab else 0)
+    assert_nothing_done(salt_functions)
+
+
+@pytest.mark.parametrize("test", [True, False], ids=["test", "apply"])
+@pytest.mark.parametrize("missing", ["device", "header"])
+def test_crypttab_present_waits_for_a_formatted_device(salt_functions, monkeypatch, opts, test, missing):
+    opts["test"] = test
+    if missing == "device":
+        fake_paths(monkeypatch, absent=[LV], present=["/etc/crypttab"])
+    else:
+        fake_paths(monkeypatch, present=[LV, "/etc/crypttab"])
+        salt_functions["hana_storage_host.luks_header"].side_effect = CommandExecutionError(f"{LV}: not LUKS")
+    ret = states.crypttab_present("hana_data", LV, KEY, CRYPTTAB_OPTIONS)
+    assert ret["result"] is (None if test else False) and ret["changes"] == {}
+    salt_functions["cryptdev.set_crypttab"].assert_not_called()
+    assert_nothing_done(salt_functions)
+
+
+# ---- lv_active -----------------------------------------------------------------------------------
+
+
+def test_lv_active_activates_an_existing_inactive_lv(salt_functions, monkeypatch):
+    fake_paths(monkeypatch, absent=[LV])
+    salt_functions["lvm.lvdisplay"].return_value = {LV: {"Logical Volume Name": LV}}
+    ret = states.lv_active(LV)
+    assert ret["result"] is True and ret["changes"] == {"activated": LV}
+    assert argvs_run(salt_functions) == [["lvchange", "--activate", "y", "vg_hana_data/lv_hana_data"]]
+    salt_functions["lvm.lvdisplay"].assert_called_once_with(LV, quiet=True)
+
+
+def test_lv_active_leaves_an_active_lv_alone(salt_functions, monkeypatch):
+    fake_paths(monkeypatch, present=[LV])
+    ret = states.lv_active(LV)
+    assert ret["result"] is True and ret["changes"] == {} and ret["comment"] == f"{LV} is active"
+    salt_functions["lvm.lvdisplay"].assert_not_called()
+    assert_nothing_done(salt_functions)
+
+
+def test_lv_active_in_test_mode_activates_nothing(salt_functions, monkeypatch, dry_run):
+    fake_paths(monkeypatch, absent=[LV])
+    salt_functions["lvm.lvdisplay"].return_value = {LV: {}}
+    ret = states.lv_active(LV)
+    assert ret["result"] is None and ret["changes"] == {} and ret["comment"] == f"would activate {LV}"
+    assert_nothing_done(salt_functions)
+
+
+@pytest.mark.parametrize("test", [True, False], ids=["test", "apply"])
+def test_lv_active_refuses_an_lv_that_does_not_exist(salt_functions, monkeypatch, opts, test):
+    opts["test"] = test
+    fake_paths(monkeypatch, absent=[LV])
+    ret = states.lv_active(LV)
+    assert ret["result"] is (None if test else False) and ret["changes"] == {}
+    assert_nothing_done(salt_functions)
+
+
+def test_lv_active_reports_a_failed_lvchange(salt_functions, monkeypatch):
+    fake_paths(monkeypatch, absent=[LV])
+    salt_functions["lvm.lvdisplay"].return_value = {LV: {}}
+    fail_commands(salt_functions, "Volume group vg_hana_data has insufficient free space")
+    ret = states.lv_active(LV)
+    assert ret["result"] is False and ret["changes"] == {}
+    assert ret["comment"].startswith("lvchange -ay vg_hana_data/lv_hana_data failed: Volume group")
+
+
+# ---- formatted -----------------------------------------------------------------------------------
+
+FS = "/dev/mapper/hana_data"
+
+
+@pytest.fixture
+def fs_probe(salt_functions, monkeypatch):
+    fake_paths(monkeypatch, present=[FS])
+
+    def set_fs_probe(**facts):
+        salt_functions["hana_storage_host.probe"].return_value = {FS: probe(FS, **facts)}
+
+    set_fs_probe()
+    return set_fs_probe
+
+
+def test_formatted_creates_xfs_aligned_to_the_stripe(salt_functions, fs_probe):
+    ret = states.formatted(FS, stripe_kib=256, stripes=4, mkfs_options=["-m reflink=0", "-l size=128m"])
+    argv = ["mkfs.xfs", "-q", "-d", "su=256k,sw=4", "-m", "reflink=0", "-l", "size=128m", FS]
+    assert ret["result"] is True and argvs_run(salt_functions) == [argv]
+    assert ret["changes"] == {"formatted": {"device": FS, "command": " ".join(argv)}}
+
+
+def test_formatted_keeps_an_existing_xfs(salt_functions, fs_probe):
+    fs_probe(signatures=[{"type": "xfs", "usage": "filesystem"}], xfs={"inprogress": False})
+    ret = states.formatted(FS, stripe_kib=256, stripes=4, may_wipe=True)
+    assert ret["result"] is True and ret["changes"] == {} and ret["comment"] == f"{FS}: already XFS"
+    assert_nothing_done(salt_functions)
+
+
+def test_formatted_in_test_mode_names_the_command_and_runs_nothing(salt_functions, fs_probe, dry_run):
+    ret = states.formatted(FS, stripe_kib=256, stripes=4)
+    assert ret["result"] is None and ret["changes"] == {}
+    assert ret["comment"] == f"would run mkfs.xfs -q -d su=256k,sw=4 {FS} (blank)"
+    assert_nothing_done(salt_functions)
+
+
+@pytest.mark.parametrize("test", [True, False], ids=["test", "apply"])
+def test_formatted_refuses_a_foreign_filesystem(salt_functions, fs_probe, opts, test):
+    opts["test"] = test
+    fs_probe(**EXT4)
+    ret = states.formatted(FS, stripe_kib=256, stripes=4)
+    assert ret["result"] is False and ret["changes"] == {}
+    assert ret["comment"] == (
+        f"refusing to create a filesystem on {FS}: it carries a ext4 signature. Nothing was changed."
+    )
+    assert_nothing_done(salt_functions)
+
+
+def test_formatted_wipes_a_foreign_filesystem_when_every_device_may_be_formatted(salt_functions, fs_probe):
+    fs_probe(**EXT4)
+    ret = states.formatted(FS, stripe_kib=256, stripes=4, may_wipe=True)
+    assert ret["result"] is True
+    assert argvs_run(salt_functions) == [
+        ["wipefs", "--all", FS],
+        ["mkfs.xfs", "-q", "-d", "su=256k,sw=4", FS],
+    ]
+    assert set(ret["changes"]) == {"wiped", "formatted"}
+
+
+@pytest.mark.parametrize("test", [True, False], ids=["test", "apply"])
+def test_formatted_waits_for_a_device_that_does_not_exist(salt_functions, monkeypatch, opts, test):
+    opts["test"] = test
+    fake_paths(monkeypatch, absent=[FS])
+    ret = states.formatted(FS, stripe_kib=256, stripes=4)
+    assert ret["result"] is (None if test else False) and ret["changes"] == {}
+    salt_functions["hana_storage_host.probe"].assert_not_called()
+    assert_nothing_done(salt_functions)
+
+
+def test_formatted_reports_a_failed_mkfs(salt_functions, fs_probe):
+    fail_commands(salt_functions, "mkfs.xfs: cannot open /dev/mapper/hana_data: Device or resource busy")
+    ret = states.formatted(FS)
+    assert ret["result"] is False and ret["changes"] == {} and "Device or resource busy" in ret["comment"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="layer_verdict checks mountpoints and holders only for the luks and pv layers: formatted "
+    "wipes and formats a mounted (or held) device with a foreign filesystem when may_wipe, though "
+    "the guard never wipes a live device (NEVER_WIPE: mounted, held)",
+)
+@pytest.mark.parametrize(
+    "live", [{"mountpoints": ["/srv/old"]}, {"holders": ["other_dm"]}], ids=["mounted", "held"]
+)
+def test_formatted_never_wipes_a_device_in_use(salt_functions, fs_probe, live):
+    fs_probe(**EXT4, **live)
+    ret = states.formatted(FS, stripe_kib=256, stripes=4, may_wipe=True)
+    assert ret["result"] is False and ret["changes"] == {}, ret
+    assert_nothing_done(salt_functions)
+
+
+# ---- mounted -------------------------------------------------------------------------------------
+
+MOUNT_OPTIONS = ["noatime", "nodiratime", "logbsize=256k"]
+FSTAB_OPTIONS = [*MOUNT_OPTIONS, "nofail"]
+
+
+@pytest.fixture
+def unmounted(monkeypatch, tmp_path):
+    """The filesystem device exists, nothing is mounted at the mountpoint (under tmp_path)."""
+    fake_paths(monkeypatch, present=[FS])
+    monkeypatch.setattr(states, "_live_mount", lambda name: None)
+    return tmp_path / "hana" / "data"
+
+
+def test_mounted_mounts_and_adds_the_fstab_entry_by_uuid(salt_functions, unmounted):
+    salt_functions["mount.set_fstab"].return_value = "new"
+    name = str(unmounted)
+    ret = states.mounted(name, FS, MOUNT_OPTIONS, FSTAB_OPTIONS)
+    line = f"UUID=1234-abcd {name} xfs noatime,nodiratime,logbsize=256k,nofail 0 0"
+    assert ret["result"] is True
+    assert ret["changes"] == {"fstab": {"new": line}, "mounted": {"device": FS, "options": MOUNT_OPTIONS}}
+    salt_functions["mount.set_fstab"].assert_called_once_with(
+        name,
+        "UUID=1234-abcd",
+        "xfs",
+        opts="noatime,nodiratime,logbsize=256k,nofail",
+        test=False,
+        match_on="name",
+    )
+    salt_functions["mount.mount"].assert_called_once_with(
+        name, FS, fstype="xfs", opts="noatime,nodiratime,logbsize=256k"
+    )
+    assert unmounted.is_dir() and argvs_run(salt_functions) == []
+
+
+def test_mounted_in_test_mode_mounts_nothing_and_only_asks_fstab(salt_functions, unmounted, dry_run):
+    salt_functions["mount.set_fstab"].return_value = "new"
+    ret = states.mounted(str(unmounted), FS, MOUNT_OPTIONS, FSTAB_OPTIONS)
+    assert ret["result"] is None and ret["changes"] == {}
+    assert (
+        ret["comment"].startswith("would add /etc/fstab: UUID=1234-abcd")
+        and f"; mount {FS} at" in ret["comment"]
+    )
+    assert not unmounted.exists()
+    assert_nothing_done(salt_functions)
+
+
+def test_mounted_reports_a_failed_mount(salt_functions, unmounted):
+    salt_functions["mount.mount"].return_value = "mount: wrong fs type, bad option"
+    ret = states.mounted(str(unmounted), FS, MOUNT_OPTIONS, FSTAB_OPTIONS)
+    assert ret["result"] is False and "wrong fs type" in ret["comment"] and "mounted" not in ret["changes"]
+
+
+@pytest.mark.parametrize("test", [True, False], ids=["test", "apply"])
+def test_mounted_waits_for_a_device_that_does_not_exist(salt_functions, monkeypatch, tmp_path, opts, test):
+    opts["test"] = test
+    fake_paths(monkeypatch, absent=[FS])
+    monkeypatch.setattr(states, "_live_mount", lambda name: None)
+    ret = states.mounted(str(tmp_path / "data"), FS, MOUNT_OPTIONS, FSTAB_OPTIONS)
+    assert ret["result"] is (None if test else False) and ret["changes"] == {}
+    salt_functions["mount.set_fstab"].assert_not_called()
+    assert_nothing_done(salt_functions)
+
+
+def test_mounted_refuses_a_mountpoint_held_while_its_device_is_gone(salt_functions, monkeypatch):
+    fake_paths(monkeypatch, absent=[FS])
+    monkeypatch.setattr(states, "_live_mount", lambda name: live(["rw"], ["rw"]))
+    ret = states.mounted("/hana/data", FS, MOUNT_OPTIONS, FSTAB_OPTIONS)
+    assert ret["result"] is False and ret["changes"] == {} and "not touching it" in ret["comment"]
+    assert_nothing_done(salt_functions)
+
+
+def test_mounted_mounts_nothing_where_the_mount_table_is_unreadable(salt_functions, monkeypatch, tmp_path):
+    def unreadable(path):
+        raise states.MountTableError(f"cannot tell what is mounted at {path}: /proc/self/mountinfo line 7")
+
+    monkeypatch.setattr(states, "_live_mount", unreadable)
+    fake_paths(monkeypatch, present=[FS])
+    ret = states.mounted(str(tmp_path / "data"), FS, MOUNT_OPTIONS, FSTAB_OPTIONS)
+    assert ret["result"] is False and ret["changes"] == {} and "not mounting anything there" in ret["comment"]
+    salt_functions["mount.set_fstab"].assert_not_called()
+    assert_nothing_done(salt_functions)
+
+
+def test_mounted_updates_only_fstab_when_the_mount_is_right(salt_functions, mounted_at_data):
+    salt_functions["mount.set_fstab"].return_value = "change"
+    ret = states.mounted("/hana/data", FS, MOUNT_OPTIONS, FSTAB_OPTIONS)
+    line = "UUID=1234-abcd /hana/data xfs noatime,nodiratime,logbsize=256k,nofail 0 0"
+    assert ret["result"] is True and ret["changes"] == {"fstab": {"change": line}}
+    assert ret["comment"] == f"update /etc/fstab: {line}"
+    salt_functions["mount.mount"].assert_not_called()
+    salt_functions["mount.remount"].assert_not_called()
+
+
+def test_mounted_remount_in_test_mode_changes_nothing(salt_functions, mounted_at_data, dry_run):
+    options = [*MOUNT_OPTIONS, "inode64"]
+    ret = states.mounted("/hana/data", FS, options, options)
+    assert ret["result"] is None and ret["changes"] == {}
+    assert ret["comment"] == "would remount /hana/data with inode64"
+    assert_nothing_done(salt_functions)
