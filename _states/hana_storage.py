@@ -188,16 +188,28 @@ def _key_file_matches(path, key):
 
 
 def _unsafe_directory(path):
-    """The first directory of ``path``'s real path that a user other than root could change
-    (not root's, or group/other-writable without the sticky bit), or None."""
-    real = os.path.dirname(os.path.realpath(path))
-    parts = real.strip("/").split("/") if real != "/" else []
+    """The first directory a user other than root could change (not root's, or group/other-
+    writable without the sticky bit), or None: of ``path`` as named, of each symlink it is
+    named through (whoever may replace a link chooses the key), and of its real path."""
+    named = os.path.abspath(path)
+    for _hop in range(40):  # the kernel's own limit of links followed
+        unsafe = _first_unsafe_directory(os.path.dirname(named))
+        if unsafe or not os.path.islink(named):
+            break
+        named = os.path.normpath(os.path.join(os.path.dirname(named), os.readlink(named)))
+    else:
+        return named  # a loop of links
+    return unsafe or _first_unsafe_directory(os.path.dirname(os.path.realpath(path)))
+
+
+def _first_unsafe_directory(directory):
+    parts = directory.strip("/").split("/") if directory != "/" else []
     for depth in range(len(parts) + 1):
-        directory = "/" + "/".join(parts[:depth])
-        info = os.lstat(directory)
+        prefix = "/" + "/".join(parts[:depth])
+        info = os.stat(prefix)  # a symlinked directory counts as the directory it leads to
         writable = info.st_mode & 0o002 or (info.st_mode & 0o020 and info.st_gid != 0)
         if info.st_uid != 0 or (writable and not info.st_mode & stat.S_ISVTX):
-            return directory
+            return prefix
     return None
 
 
@@ -329,6 +341,9 @@ def luks_formatted(name, key_file, luks, label, stripe_kib=0, stripes=1, may_wip
     )
     if verdict["verdict"] == "use":
         return _done(ret, f"{name}: {verdict['reason']}")
+    if verdict["verdict"] == "refuse" and verdict["code"] == "key_not_tested" and __opts__["test"]:
+        # key_present writes the key file first in a real run; then the key is tried
+        return _would(ret, f"{name} is LUKS; whether the key opens it is checked once {key_file} is written")
     if verdict["verdict"] == "refuse":
         return _done(
             ret, f"refusing to luksFormat {name}: it {verdict['reason']}. Nothing was changed.", result=False
@@ -418,6 +433,8 @@ def luks_opened(name, device, key_file, flags):
     """
     ``device`` is open as /dev/mapper/``name`` with exactly the wanted dm-crypt ``flags``, active
     in the table and stored in the LUKS2 header (``cryptsetup open|refresh --persistent``).
+    Header flags outside ``flags`` (an admin's ``same-cpu-crypt``) are neither compared nor
+    dropped.
 
     flags
         The plan's ``luks.flags``: every flag the formula decides on, each with its spellings
@@ -426,9 +443,12 @@ def luks_opened(name, device, key_file, flags):
     ret = _ret(name)
     wanted = sorted(f["dm"] for f in flags if f["wanted"])
     want_stored = sorted(f["header"] for f in flags if f["wanted"])
-    options = [f["cryptsetup"] for f in flags if f["wanted"]]
-    stored = sorted(_header_flags(device)) if os.path.exists(device) else None
+    header = _header_flags(device) if os.path.exists(device) else None
+    managed_in_header = {f["header"] for f in flags}
+    stored = None if header is None else sorted(f for f in header if f in managed_in_header)
     persistent = stored != want_stored
+    options = [f["cryptsetup"] for f in flags if f["wanted"]]
+    options += _util("pillar.unmanaged_flag_options")(header or [])
     table = __salt__["hana_storage_host.dm_tables"]().get(name)
     if table is None:
         if __opts__["test"]:

@@ -563,6 +563,15 @@ def crypt_flags(luks):
     ]
 
 
+def unmanaged_flag_options(header_flags):
+    """cryptsetup options that keep the LUKS2 header's persistent flags the formula does not decide
+    on (``same-cpu-crypt``, ``submit-from-crypt-cpus``, ...): an admin's choice, which ``open`` or
+    ``refresh --persistent`` would otherwise drop, because ``--persistent`` stores exactly the
+    flags given. cryptsetup spells each of them ``--perf-<flag>`` with underscores."""
+    managed = {flag.header for flag in CRYPT_FLAGS}
+    return [f"--perf-{flag.replace('-', '_')}" for flag in header_flags if flag not in managed]
+
+
 def crypttab_flag_options(luks, systemd_version=None):
     """crypttab spellings of the wanted flags that the host's systemd-cryptsetup understands
     (RHEL 8 has systemd 239, SLES 15 SP3 246: no workqueue options; the LUKS2 header's

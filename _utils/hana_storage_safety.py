@@ -138,9 +138,13 @@ def layer_verdict(layer, probe, may_wipe, own_holders=(), own_vg=None, created_n
     device = probe["device"]
     types = [s["type"] for s in probe.get("signatures", [])]
     alien = [h for h in probe.get("holders", []) if h not in own_holders]
-    if layer in ("luks", "pv") and (probe.get("mountpoints") or alien):
-        where = probe.get("mountpoints") or alien
-        return _verdict(device, "refuse", "held", f"in use by {', '.join(where)}")
+    finished_xfs = types == ["xfs"] and not (probe.get("xfs") or {}).get("inprogress")
+    # live: never formatted or wiped, whatever the pillar allows; only an XFS already made (and
+    # mounted by the formula, or by hand) is used as it is
+    if probe.get("mountpoints") and not (layer == "xfs" and finished_xfs):
+        return _verdict(device, "refuse", "mounted", f"is mounted at {', '.join(probe['mountpoints'])}")
+    if alien:
+        return _verdict(device, "refuse", "held", f"is in use by {', '.join(alien)}")
     blank = not types and not probe.get("pttype")
     if layer == "pv":
         # Inside a LUKS device the key opens: what a former layout or a re-used key left there is

@@ -373,6 +373,26 @@ def test_what_an_opened_luks_device_holds_is_checked_before_pvcreate(facts, verd
     assert (got["verdict"], got["code"]) == (verdict, code) and words in got["reason"], got
 
 
+@pytest.mark.parametrize(
+    "facts,verdict,code",
+    [
+        ({"signatures": sig("xfs"), "mountpoints": ["/hana/data"]}, "use", "own_xfs"),
+        ({"signatures": sig("ext4"), "mountpoints": ["/srv/old"]}, "refuse", "mounted"),
+        (
+            {"signatures": sig("xfs"), "xfs": {"inprogress": True}, "mountpoints": ["/mnt"]},
+            "refuse",
+            "mounted",
+        ),
+        ({"signatures": sig("ext4"), "holders": ["other_dm"]}, "refuse", "held"),
+        ({"mountpoints": ["/mnt"]}, "refuse", "mounted"),
+    ],
+    ids=["own-xfs-mounted", "foreign-mounted", "unfinished-xfs-mounted", "foreign-held", "blank-mounted"],
+)
+def test_a_live_filesystem_device_is_never_formatted_even_when_every_device_may_be(facts, verdict, code):
+    got = safety.layer_verdict("xfs", probe("/dev/mapper/hana_data", **facts), True)
+    assert (got["verdict"], got["code"]) == (verdict, code), got
+
+
 def test_every_verdict_carries_a_code():
     for case in CASES:
         assert safety.disk_verdict(volume(case[1]), probe(**case[2]))["code"]

@@ -304,11 +304,6 @@ def test_key_file_owned_by_a_user_is_given_to_root(tmp_path):
     assert (info.st_mode & 0o777, info.st_uid, info.st_gid) == (0o400, 0, 0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_keyfile_mode checks only the directories of the key's real path, not the directory of "
-    "the symlink it is named by: a user who owns that directory can point the link at a key of theirs",
-)
 def test_key_file_named_by_a_symlink_in_a_users_directory_is_refused(tmp_path, salt_functions):
     keys = tmp_path / "keys"
     keys.mkdir(mode=0o700)
@@ -662,7 +657,7 @@ def test_luks_formatted_keeps_the_volumes_own_luks(salt_functions, lv_probe, fac
         ({"data_at": 1 << 20}, False, "non-zero bytes at offset 1048576"),
         ({**CLOSED_LUKS, "key_opens": False}, False, "LUKS that the volume's key cannot open"),
         ({**CLOSED_LUKS, "key_opens": None, "key_error": "out of memory"}, True, "failed: out of memory"),
-        ({**EXT4, "mountpoints": ["/srv"]}, True, "in use by /srv"),
+        ({**EXT4, "mountpoints": ["/srv"]}, True, "is mounted at /srv"),
         ({**EXT4, "holders": ["vg_other-lv_other"]}, True, "in use by vg_other-lv_other"),
     ],
     ids=["foreign-fs", "data-without-signature", "foreign-luks", "key-test-failed", "mounted", "held"],
@@ -714,12 +709,6 @@ def test_luks_formatted_reports_a_failed_luksformat(salt_functions, lv_probe):
     salt_functions["hana_storage_host.luks_header"].assert_not_called()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="luks_formatted under test=True refuses LUKS it could not try the key on because the key "
-    "file is not written yet (key_not_tested), where devices_safe says it will check once the key is "
-    "there: a pillar key after a reboot makes test=True report a failure the real run does not have",
-)
 def test_luks_formatted_in_test_mode_waits_for_the_key_file_before_judging_luks(
     salt_functions, lv_probe, dry_run
 ):
@@ -850,7 +839,7 @@ def test_pv_safe_refuses_a_device_that_is_not_open(salt_functions, monkeypatch):
     [
         ({"signatures": [{"type": "LVM2_member", "usage": "raid"}], "pv_vg": "vg_other"}, "vg_other"),
         ({"signatures": [{"type": "linux_raid_member", "usage": "raid"}]}, "linux_raid_member"),
-        ({"mountpoints": ["/mnt"]}, "in use by /mnt"),
+        ({"mountpoints": ["/mnt"]}, "is mounted at /mnt"),
     ],
     ids=["other-vgs-pv", "md-member", "mounted"],
 )
@@ -949,6 +938,27 @@ def test_luks_opened_refreshes_persistently_when_only_the_header_lacks_the_flags
     assert ret["changes"]["flags"]["persistent"] == {"old": ["allow-discards"], "new": STORED}
 
 
+def test_luks_opened_keeps_a_header_flag_it_does_not_manage_through_a_persistent_refresh(
+    salt_functions, luks_lv
+):
+    # --persistent stores exactly the flags given: the admin's same-cpu-crypt must be among them
+    luks_lv(header=["allow-discards", "same-cpu-crypt"], table=[*WANTED, "same_cpu_crypt"])
+    ret = states.luks_opened("hana_data", LV, KEY, FLAGS)
+    assert ret["result"] is True
+    assert argvs_run(salt_functions) == [
+        [
+            "cryptsetup",
+            "refresh",
+            "--key-file",
+            KEY,
+            *sorted([*PERF_OPTIONS, "--perf-same_cpu_crypt"]),
+            "--persistent",
+            "hana_data",
+        ]
+    ]
+    assert ret["changes"]["flags"]["persistent"] == {"old": ["allow-discards"], "new": STORED}
+
+
 def test_luks_opened_leaves_a_mapping_alone_when_table_and_header_agree(salt_functions, luks_lv):
     luks_lv(header=STORED, table=[*WANTED, "same_cpu_crypt"])  # a flag it does not manage stays
     ret = states.luks_opened("hana_data", LV, KEY, FLAGS)
@@ -993,12 +1003,6 @@ def test_luks_opened_reports_a_failed_open(salt_functions, luks_lv):
     assert ret["comment"] == f"cryptsetup open {LV} failed: No key available with this passphrase."
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="luks_opened compares every stored header flag with the wanted ones, but only the flags it "
-    "manages in the table (and the audit, HANA-PERF-003, only managed ones in the header): a header "
-    "flag outside the policy (same-cpu-crypt) triggers refresh --persistent, which drops it",
-)
 def test_luks_opened_leaves_a_header_flag_it_does_not_manage_alone(salt_functions, luks_lv):
     luks_lv(header=[*STORED, "same-cpu-crypt"], table=[*WANTED, "same_cpu_crypt"])
     ret = states.luks_opened("hana_data", LV, KEY, FLAGS)
@@ -1212,12 +1216,6 @@ def test_formatted_reports_a_failed_mkfs(salt_functions, fs_probe):
     assert ret["result"] is False and ret["changes"] == {} and "Device or resource busy" in ret["comment"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="layer_verdict checks mountpoints and holders only for the luks and pv layers: formatted "
-    "wipes and formats a mounted (or held) device with a foreign filesystem when may_wipe, though "
-    "the guard never wipes a live device (NEVER_WIPE: mounted, held)",
-)
 @pytest.mark.parametrize(
     "live", [{"mountpoints": ["/srv/old"]}, {"holders": ["other_dm"]}], ids=["mounted", "held"]
 )
