@@ -366,8 +366,13 @@ def tang_bound(name, key_file, tang):
     """
     The LUKS2 device ``name`` is bound by Clevis to exactly the Tang servers of ``tang`` (the
     plan's ``key.tang``: servers with their thumbprints, threshold), in a keyslot of its own; the
-    keyslot of ``key_file`` (the recovery key) stays. A device bound to anything else is refused:
-    removing a binding is for people to decide (HANA-KEY-003).
+    keyslot of ``key_file`` (the recovery key) stays.
+
+    A binding to the pillar's servers made with a signing key the pillar no longer names (Tang's
+    keys were rotated, HANA-KEY-004) is replaced: the new binding is made first, with the
+    server's advertisement checked against the pillar's thumbprint, then the old one is removed,
+    so that a run killed between the two leaves a device that opens either way. A device bound
+    to anything else is refused: removing that is for people to decide (HANA-KEY-003).
     """
     ret = _ret(name)
     urls = [s["url"] for s in tang["servers"]]
@@ -377,23 +382,43 @@ def tang_bound(name, key_file, tang):
         if __opts__["test"]:
             return _would(ret, f"would bind {name} to {urls} once it is LUKS ({error})")
         return _done(ret, f"{name}: {error}", result=False)
-    bindings = [t["clevis"] for t in header.get("tokens", []) if t["type"] == "clevis"]
-    matches = _util("rules.tang_binding_matches")
-    if bindings and all(matches(b, tang) for b in bindings):
-        return _done(ret, f"{name} is bound to {urls} (threshold {tang['threshold']})")
-    if bindings:
+    verdict = _util("rules.tang_binding_verdict")
+    tokens = [t for t in header.get("tokens", []) if t["type"] == "clevis"]
+    by_verdict = {"matches": [], "stale": [], "foreign": []}
+    for token in tokens:
+        by_verdict[verdict(token["clevis"], tang)].append(token)
+    if by_verdict["foreign"]:
         return _done(
             ret,
             f"{name} has a Clevis binding that is not the pillar's ({urls}, threshold "
             f"{tang['threshold']}): not binding beside it; check it, then clevis luks unbind it",
             result=False,
         )
+    stale_slots = sorted(int(slot) for token in by_verdict["stale"] for slot in token["keyslots"])
+    if by_verdict["matches"] and not stale_slots:
+        return _done(ret, f"{name} is bound to {urls} (threshold {tang['threshold']})")
+    bind = not by_verdict["matches"]
     if __opts__["test"]:
-        return _would(ret, f"would bind {name} to {urls} (clevis luks bind, threshold {tang['threshold']})")
-    ok, err = _run(_util("commands.clevis_bind")(name, key_file, tang))
-    if not ok:
-        return _done(ret, f"clevis luks bind {name} failed: {err}", result=False)
-    return _done(ret, f"bound {name} to {urls}", bound={"servers": urls, "threshold": tang["threshold"]})
+        steps = ([f"bind {name} to {urls} (threshold {tang['threshold']})"] if bind else []) + (
+            [f"remove the binding made with a key the pillar no longer names (keyslots {stale_slots})"]
+            if stale_slots
+            else []
+        )
+        return _would(ret, "would " + ", then ".join(steps))
+    changes = {}
+    if bind:
+        ok, err = _run(_util("commands.clevis_bind")(name, key_file, tang))
+        if not ok:
+            return _done(ret, f"clevis luks bind {name} failed: {err}", result=False)
+        changes["bound"] = {"servers": urls, "threshold": tang["threshold"]}
+    for slot in stale_slots:
+        ok, err = _run(_util("commands.clevis_unbind")(name, slot))
+        if not ok:
+            return _done(
+                ret, f"clevis luks unbind {name} keyslot {slot} failed: {err}", result=False, **changes
+            )
+        changes.setdefault("unbound", {"keyslots": []})["keyslots"].append(slot)
+    return _done(ret, f"bound {name} to {urls}", **changes)
 
 
 def _created_in_this_run(state_id):

@@ -85,6 +85,11 @@ def clevis_bind(device, key_file, tang):
     return ["clevis", "luks", "bind", "-d", device, "-k", key_file, pin, config]
 
 
+def clevis_unbind(device, keyslot):
+    """Remove a Clevis binding: its token and keyslot (``-f``: no question asked)."""
+    return ["clevis", "luks", "unbind", "-d", device, "-s", str(keyslot), "-f"]
+
+
 def mkfs_xfs(device, stripe_kib, stripes, options, force=False):
     """mkfs.xfs aligned to the stripe (su = stripe size, sw = number of stripes)."""
     argv = ["mkfs.xfs", "-q"]

@@ -103,7 +103,12 @@ RULES = {
     "HANA-KEY-001": Rule("high", "key file readable by others than root", KEY_FILE),
     "HANA-MOUNT-001": Rule("high", "a HANA mountpoint is not mounted"),
     "HANA-KEY-002": Rule("high", "a device of a Tang volume has no Clevis binding", TANG_BINDING),
-    "HANA-KEY-003": Rule("high", "a Clevis binding names other Tang servers or thumbprints than the pillar"),
+    "HANA-KEY-003": Rule(
+        "high", "a Clevis binding names other Tang servers or another threshold than the pillar"
+    ),
+    "HANA-KEY-004": Rule(
+        "medium", "a Clevis binding was made with a Tang signing key the pillar no longer names", TANG_BINDING
+    ),
 }
 
 
@@ -120,14 +125,19 @@ def auto_rules():
     return [rule for rule, r in RULES.items() if r.fix]
 
 
-def tang_binding_matches(binding, tang):
-    """Does a Clevis binding (hana_storage_luks.clevis_binding) bind to exactly the pillar's Tang
-    servers and threshold? A server matches by URL and by the pillar's thumbprint being one of
-    its signing key's (SHA-256 or SHA-1)."""
+def tang_binding_verdict(binding, tang):
+    """How a Clevis binding (hana_storage_luks.clevis_binding) stands to the pillar's ``tang``:
+
+    - ``matches``: exactly the pillar's servers (by URL) and threshold, each made with the signing
+      key the pillar names (its thumbprint is one of the key's, SHA-256 or SHA-1);
+    - ``stale``: the pillar's servers and threshold, but made with a signing key the pillar no
+      longer names - what rotating a Tang server's keys, then the pillar's thumbprints, leaves
+      behind. Binding again checks the server's advertisement against the pillar's thumbprint;
+    - ``foreign``: other servers, another threshold, another pin, or unreadable."""
     if "error" in binding or binding["threshold"] != tang["threshold"]:
-        return False
-    if len(binding["servers"]) != len(tang["servers"]):
-        return False
+        return "foreign"
+    if sorted(s["url"] for s in binding["servers"]) != sorted(s["url"] for s in tang["servers"]):
+        return "foreign"
     unmatched = list(binding["servers"])
     for server in tang["servers"]:
         match = next(
@@ -135,9 +145,13 @@ def tang_binding_matches(binding, tang):
             None,
         )
         if match is None:
-            return False
+            return "stale"
         unmatched.remove(match)
-    return True
+    return "matches"
+
+
+def tang_binding_matches(binding, tang):
+    return tang_binding_verdict(binding, tang) == "matches"
 
 
 def fix_for(plan, finding, volume_summary):
@@ -463,7 +477,7 @@ class VolumeAudit:
             )
 
     def _pillar_clevis_keyslots(self, header):
-        """Keyslots of the Clevis bindings the pillar names: their passphrase is 32 random bytes
+        """Keyslots of the Clevis bindings to the pillar's servers: their passphrase is 32 random bytes
         made by Clevis (which adds them with PBKDF2, 1000 iterations), so no KDF makes guessing it
         harder. Any other binding's keyslot is judged like any keyslot."""
         key = self.volume["key"]
@@ -472,7 +486,7 @@ class VolumeAudit:
         return {
             str(slot)
             for token in header.get("tokens", [])
-            if token["type"] == "clevis" and tang_binding_matches(token["clevis"], key["tang"])
+            if token["type"] == "clevis" and tang_binding_verdict(token["clevis"], key["tang"]) != "foreign"
             for slot in token["keyslots"]
         }
 
@@ -499,13 +513,13 @@ class VolumeAudit:
                 f"{path} has no Clevis binding: it does not unlock at boot, only with the recovery key",
             )
             return
-        wrong = [b for b in bindings if not tang_binding_matches(b, tang)]
-        if wrong:
+        foreign = [b for b in bindings if tang_binding_verdict(b, tang) == "foreign"]
+        if foreign:
             actual = [
                 b
                 if "error" in b
                 else {"threshold": b["threshold"], "servers": [s["url"] for s in b["servers"]]}
-                for b in wrong
+                for b in foreign
             ]
             self.add(
                 "HANA-KEY-003",
@@ -515,6 +529,16 @@ class VolumeAudit:
                 f"{path}: a Clevis binding to {actual} is not the pillar's (servers "
                 f"{[s['url'] for s in tang['servers']]}, threshold {tang['threshold']}): a binding the "
                 "pillar does not name is a way in; check it, then clevis luks unbind it",
+            )
+        stale = [b for b in bindings if tang_binding_verdict(b, tang) == "stale"]
+        if stale:
+            self.add(
+                "HANA-KEY-004",
+                path,
+                [s["thumbprint"] for s in tang["servers"]],
+                [s["thumbprints"][0] for b in stale for s in b["servers"]],
+                f"{path}: bound to {[s['url'] for s in tang['servers']]} with a signing key the pillar no "
+                "longer names (Tang's keys were rotated): bind it again to the current key",
             )
 
     def _flag_rules(self, path, segment, header):

@@ -415,7 +415,7 @@ def test_every_rule_has_a_test():
         "HANA-MOUNT-001",
         "HANA-KEY-002",
     }
-    tested |= {"HANA-KEY-003"}
+    tested |= {"HANA-KEY-003", "HANA-KEY-004"}
     assert tested == set(rules.RULES)
 
 
@@ -520,20 +520,36 @@ def test_a_tang_volume_without_a_binding_is_key_002(tang_servers):
     ]
 
 
-@pytest.mark.parametrize("change", ["other server", "other thumbprint", "other threshold"])
+@pytest.mark.parametrize("change", ["other server", "other threshold", "one server more"])
 def test_a_binding_the_pillar_does_not_name_is_key_003(tang_servers, tmp_path, change):
     first, second = tang_servers
     header = bound_header(tmp_path, plan_of(tang_pillar(tang_key(first)))["volumes"]["data"]["key"]["tang"])
     pillar_key = {
         "other server": tang_key(second),
-        "other thumbprint": dict(
-            tang_key(first), servers=[{"url": first.url, "thumbprint": second.thumbprint}]
-        ),
-        "other threshold": tang_key(first, second, threshold=1),
+        "other threshold": tang_key(first, second, threshold=2),
+        "one server more": tang_key(first, second, threshold=1),
     }[change]
     assert found(tang_facts(header), tang_pillar(pillar_key)) == [
         ("HANA-KEY-003", "data", "/dev/mapper/hana_data")
     ]
+
+
+def test_a_binding_made_with_a_rotated_away_key_is_key_004(tmp_path_factory, tmp_path):
+    from tests.support.tang import TangServer
+
+    with TangServer(tmp_path_factory.mktemp("rotating")) as server:
+        before = tang_key(server)
+        header = bound_header(tmp_path, plan_of(tang_pillar(before))["volumes"]["data"]["key"]["tang"])
+        old = server.thumbprint
+        server.rotate()
+        assert server.thumbprint != old
+        after = tang_pillar(tang_key(server))  # the site puts the new thumbprint in the pillar
+        assert found(tang_facts(header), tang_pillar(before)) == []
+        report = rules.audit(plan_of(after), tang_facts(header))
+        (finding,) = report["findings"]
+        assert (finding["rule"], finding["remediation"]) == ("HANA-KEY-004", "auto")
+        assert finding["expected"] == [server.thumbprint] and finding["actual"] == [old]
+        # its keyslot is Clevis's (PBKDF2, a random passphrase): not an ENC-006 finding too
 
 
 def test_tang_pillar_errors_name_their_key_paths(tang_servers):

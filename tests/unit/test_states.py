@@ -776,17 +776,59 @@ def test_tang_bound_keeps_the_pillars_binding(salt_functions):
     "tokens",
     [
         [clevis_token([("http://rogue.example", "R" * 43)])],
-        [clevis_token([("http://tang.example:7500", "R" * 43)])],
         [clevis_token([("http://tang.example:7500", "T" * 43)]), clevis_token([("http://rogue", "R" * 43)])],
+        [clevis_token([("http://tang.example:7500", "R" * 43)]), clevis_token([("http://rogue", "R" * 43)])],
         [{"id": 0, "type": "clevis", "keyslots": [1], "clevis": {"error": "unreadable Clevis token"}}],
     ],
-    ids=["other-server", "other-thumbprint", "one-extra-binding", "unreadable"],
+    ids=["other-server", "one-extra-binding", "stale-beside-a-foreign-one", "unreadable"],
 )
 def test_tang_bound_refuses_to_bind_beside_a_binding_not_the_pillars(salt_functions, opts, tokens, test):
     opts["test"] = test
     luks_tokens(salt_functions, *tokens)
     ret = states.tang_bound(LV, "/k", TANG)
     assert ret["result"] is False and ret["changes"] == {} and "clevis luks unbind" in ret["comment"]
+    assert_nothing_done(salt_functions)
+
+
+ROTATED = dict(clevis_token([("http://tang.example:7500", "O" * 43)]), keyslots=[2])  # the old key's
+
+
+def test_tang_bound_binds_again_then_removes_a_binding_made_with_a_rotated_away_key(salt_functions):
+    luks_tokens(salt_functions, ROTATED)
+    ret = states.tang_bound(LV, "/k", TANG)
+    assert ret["result"] is True
+    config = json.dumps({"thp": "T" * 43, "url": "http://tang.example:7500"}, sort_keys=True)
+    assert argvs_run(salt_functions) == [
+        ["clevis", "luks", "bind", "-d", LV, "-k", "/k", "tang", config],
+        ["clevis", "luks", "unbind", "-d", LV, "-s", "2", "-f"],
+    ]
+    assert ret["changes"] == {
+        "bound": {"servers": ["http://tang.example:7500"], "threshold": 1},
+        "unbound": {"keyslots": [2]},
+    }
+
+
+def test_tang_bound_killed_between_bind_and_unbind_only_unbinds_next_time(salt_functions):
+    luks_tokens(salt_functions, clevis_token([("http://tang.example:7500", "T" * 43)]), ROTATED)
+    ret = states.tang_bound(LV, "/k", TANG)
+    assert ret["result"] is True and ret["changes"] == {"unbound": {"keyslots": [2]}}
+    assert argvs_run(salt_functions) == [["clevis", "luks", "unbind", "-d", LV, "-s", "2", "-f"]]
+
+
+def test_tang_bound_keeps_the_old_binding_when_binding_again_fails(salt_functions):
+    # the server does not advertise the pillar's new thumbprint (yet): clevis refuses to bind
+    luks_tokens(salt_functions, ROTATED)
+    fail_commands(salt_functions, "Trust fingerprint mismatch")
+    ret = states.tang_bound(LV, "/k", TANG)
+    assert ret["result"] is False and ret["changes"] == {}
+    assert [argv[2] for argv in argvs_run(salt_functions)] == ["bind"]
+
+
+def test_tang_bound_in_test_mode_says_it_would_bind_again_and_does_nothing(salt_functions, dry_run):
+    luks_tokens(salt_functions, ROTATED)
+    ret = states.tang_bound(LV, "/k", TANG)
+    assert ret["result"] is None and ret["changes"] == {}
+    assert "would bind" in ret["comment"] and "keyslots [2]" in ret["comment"]
     assert_nothing_done(salt_functions)
 
 

@@ -57,6 +57,7 @@ def vm(request, tang):
     storage["volumes"]["log"]["key"] = bound
     storage["volumes"]["backup"]["key"] = bound
     vm.setup_salt(yaml.safe_dump({"hana": {"storage": storage}}))
+    vm.storage = storage  # the rotation test names Tang's new key in it
     return vm
 
 
@@ -112,7 +113,40 @@ def test_the_tang_volumes_are_bound_and_unlock_without_a_key_file(vm, built, tan
     )
 
 
-def test_the_host_boots_the_lab_layout_without_salt(vm, built):
+def test_a_removed_binding_and_a_rotated_away_tang_key_are_found_and_bound_again(vm, built, tang):
+    # one audit and one remediation for both: the lab's emulated guest makes each cost a minute
+    device = TANG_CRYPTS["hana_backup"]
+    vm.run(f"clevis luks unbind -f -d {device} -s 1", check=True, title="removing the backup LV's binding")
+    old = tang.thumbprint
+    tang.rotate()
+    assert tang.thumbprint != old
+    for volume in ("log", "backup"):
+        vm.storage["volumes"][volume]["key"]["servers"][0]["thumbprint"] = tang.thumbprint
+    vm.set_pillar(yaml.safe_dump({"hana": {"storage": vm.storage}}))
+    found = sorted(
+        (f["rule"], f["device"], f["remediation"], f["actual"])
+        for f in audit(vm)["findings"]
+        if f["rule"] != "HANA-PERF-005"
+    )
+    assert found == [
+        ("HANA-KEY-002", "/dev/mapper/hana_backup", "auto", "none"),
+        ("HANA-KEY-004", "/dev/mapper/hana_log_0", "auto", [old]),
+        ("HANA-KEY-004", "/dev/mapper/hana_log_1", "auto", [old]),
+    ], found
+    remediated = vm.salt("hana_storage.remediate rules=HANA-KEY-002,HANA-KEY-004", check=True).ret
+    assert (
+        sorted((f["rule"], f["device"]) for f in remediated["fixed"])
+        == [(rule, device) for rule, device, _, _ in found]
+        and not remediated["remaining"]
+    ), remediated
+    for device in TANG_CRYPTS.values():
+        tokens = vm.salt(f"hana_storage.luks_header {device}", check=True).ret["tokens"]
+        (clevis,) = [t["clevis"] for t in tokens if t["type"] == "clevis"]
+        assert tang.thumbprint in clevis["servers"][0]["thumbprints"], clevis
+    only_the_generic_driver(audit(vm))
+
+
+def test_after_the_rotation_the_host_boots_the_lab_layout_without_salt(vm, built):
     files = " ".join(f"{m}/keep.bin" for m in MOUNTPOINTS)
     vm.run(
         f"for m in {' '.join(MOUNTPOINTS)}; do head -c 1M /dev/urandom >$m/keep.bin; done; sync", check=True
@@ -125,22 +159,6 @@ def test_the_host_boots_the_lab_layout_without_salt(vm, built):
     unlocked = vm.run("cat /tmp/clevis-askpass.log", echo=False).output
     assert unlocked.count("Unlocked") == len(TANG_CRYPTS), unlocked  # Clevis's agent, from Tang
     assert vm.run(f"sha256sum {files}", check=True, echo=False).output == before
-    only_the_generic_driver(audit(vm))
-
-
-def test_a_removed_binding_is_found_and_bound_again(vm, built):
-    device = TANG_CRYPTS["hana_backup"]
-    vm.run(f"clevis luks unbind -f -d {device} -s 1", check=True, title="removing the backup LV's binding")
-    found = [
-        (f["rule"], f["device"], f["remediation"])
-        for f in audit(vm)["findings"]
-        if f["rule"] != "HANA-PERF-005"
-    ]
-    assert found == [("HANA-KEY-002", "/dev/mapper/hana_backup", "auto")], found
-    remediated = vm.salt("hana_storage.remediate rules=HANA-KEY-002", check=True).ret
-    assert [f["rule"] for f in remediated["fixed"]] == ["HANA-KEY-002"] and not remediated["remaining"], (
-        remediated
-    )
     only_the_generic_driver(audit(vm))
 
 
