@@ -73,7 +73,9 @@ def _parse_luks1(raw):
         active, iterations = struct.unpack_from(">II", raw, 208 + slot * 48)
         if active == LUKS1_KEYSLOT_ACTIVE:
             kdf = {"type": "pbkdf2", "hash": hash_spec, "iterations": iterations}
-            keyslots.append({"id": slot, "type": "luks1", "key_size": key_bytes * 8, "kdf": kdf})
+            keyslots.append(
+                {"id": slot, "type": "luks1", "key_size": key_bytes * 8, "kdf": kdf, "volume_key": "0"}
+            )
         elif active != LUKS1_KEYSLOT_DISABLED:
             raise LuksError(f"LUKS1 keyslot {slot} has an invalid state 0x{active:08x}")
     cipher = f"{cipher_name}-{cipher_mode}" if cipher_mode else cipher_name
@@ -202,7 +204,12 @@ def _json_area(area, offset):
 def _summarise(copy):
     meta = copy["metadata"]
     segments = [_segment(sid, seg) for sid, seg in _numbered(meta["segments"], "segment")]
-    keyslots = [_keyslot(kid, slot) for kid, slot in _numbered(meta["keyslots"], "keyslot")]
+    volume_key_of = _volume_keys(meta["digests"])
+    keyslots = []
+    for kid, slot in _numbered(meta["keyslots"], "keyslot"):
+        summary = _keyslot(kid, slot)
+        summary["volume_key"] = volume_key_of.get(str(kid)) if summary["kdf"] is not None else None
+        keyslots.append(summary)
     tokens = []
     for tid, tok in _numbered(meta.get("tokens") or {}, "token"):
         token = {
@@ -326,6 +333,19 @@ def _segment(sid, seg):
         if result["sector_size"] not in (512, 1024, 2048, 4096):
             raise LuksError(f"{where}: invalid sector_size {result['sector_size']}")
     return result
+
+
+def _volume_keys(digests):
+    """Which volume key each keyslot holds a copy of: the id of the LUKS2 digest that names it
+    (``"0"``; during a re-encryption the new key's digest is another). A keyslot no digest names
+    (``luksAddKey --unbound``) holds no volume key. Ids only: a digest's value never leaves."""
+    volume_key_of = {}
+    for did, digest in _numbered(digests, "digest"):
+        slots = digest.get("keyslots")
+        if not isinstance(slots, list) or not all(isinstance(k, str) for k in slots):
+            raise LuksError(f"digest {did}: 'keyslots' is not a list of keyslot ids")
+        volume_key_of.update(dict.fromkeys(slots, str(did)))
+    return volume_key_of
 
 
 def _keyslot(kid, slot):

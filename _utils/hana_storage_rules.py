@@ -109,6 +109,7 @@ RULES = {
     "HANA-KEY-004": Rule(
         "medium", "a Clevis binding was made with a Tang signing key the pillar no longer names", TANG_BINDING
     ),
+    "HANA-KEY-005": Rule("high", "a keyslot opens the volume that the pillar does not account for"),
 }
 
 
@@ -427,6 +428,7 @@ class VolumeAudit:
             )
         if header:
             self._kdf_rules(path, header)
+            self._keyslot_rules(path, header)
         if segment["sector_size"] != luks["sector_size"]:
             self.add(
                 "HANA-PERF-001",
@@ -474,6 +476,42 @@ class VolumeAudit:
                 weak,
                 f"{path}: {', '.join(weak)} weaker than policy; add a new keyslot with "
                 "cryptsetup luksConvertKey --pbkdf argon2id",
+            )
+
+    def _keyslot_rules(self, path, header):
+        """Every keyslot that opens the device is one the pillar accounts for: per volume key, one
+        for the volume's key (the key file, the pillar key or a Tang volume's recovery key; a
+        re-encryption has two volume keys, each with a copy), and those of the Clevis bindings to
+        the pillar's Tang servers. Another passphrase, or an enrolment by hand (a TPM2 or FIDO2
+        token, a Clevis binding on a volume that names no Tang), opens the volume without the key
+        store: a back door. A Tang volume's binding to other servers is HANA-KEY-003's.
+
+        Which passphrase keyslot is the key's the audit cannot tell without unlocking with the key
+        (seconds of KDF per device, on every audit), so it names them all."""
+        tokens = header.get("tokens", [])
+        accounted = self._pillar_clevis_keyslots(header)
+        if self.volume["key"]["source"] == "tang":
+            accounted |= {str(slot) for t in tokens if t["type"] == "clevis" for slot in t["keyslots"]}
+        token_of = {str(slot): t["type"] for t in tokens for slot in t["keyslots"]}
+        by_volume_key = {}
+        for slot in header["keyslots"]:
+            if slot.get("volume_key") is not None and str(slot["id"]) not in accounted:
+                by_volume_key.setdefault(slot["volume_key"], []).append(slot["id"])
+        opening = [
+            f"keyslot {kid}" + (f" (token {token_of[str(kid)]})" if str(kid) in token_of else "")
+            for slots in by_volume_key.values()
+            if len(slots) > 1
+            for kid in slots
+        ]
+        if opening:
+            self.add(
+                "HANA-KEY-005",
+                path,
+                "one keyslot for the volume's key, besides the pillar's Clevis bindings",
+                opening,
+                f"{path}: keyslots {', '.join(opening)} open it where the pillar accounts for one, its "
+                "key's: find that one (cryptsetup open --test-passphrase --key-slot N with the key), then "
+                "check the others and cryptsetup luksKillSlot what nobody can account for",
             )
 
     def _pillar_clevis_keyslots(self, header):

@@ -265,6 +265,9 @@ BREAKS = {
     "HANA-PERSIST-001": lambda f: f["crypttab"][0].update(options=["luks"]),
     "HANA-PERSIST-002": lambda f: f["fstab"][0].update(options=["noatime"]),
     "HANA-KEY-001": lambda f: f["key_files"][KEY_FILE].update(mode=0o644),
+    "HANA-KEY-005": lambda f: f["headers"]["dm-0"]["keyslots"].append(
+        dict(f["headers"]["dm-0"]["keyslots"][0], id=1)
+    ),
 }
 DEVICE = {
     "HANA-KEY-001": KEY_FILE,
@@ -287,6 +290,44 @@ def test_each_rule_fires_alone_on_its_broken_fact(rule):
     BREAKS[rule](facts)
     device = DEVICE.get(rule, "/dev/mapper/hana_data")
     assert found(facts) == sorted([(rule, "data", device), *ALSO.get(rule, [])])
+
+
+def test_keyslots_the_pillar_does_not_account_for_are_key_005(make_luks, keyfile, tmp_path):
+    """On a real header: a second passphrase added by hand, then a token enrolled on a third
+    keyslot, each open the volume without the key store; once killed, nothing is said."""
+    import subprocess
+
+    image, other = make_luks(), tmp_path / "other.key"
+    other.write_bytes(b"o" * 64)
+    facts = compliant()
+
+    def unaccounted():
+        summary = luks.parse_header(luks.reader_for(image.read_bytes()))
+        facts["headers"]["dm-0"] = dict(
+            facts["headers"]["dm-0"], keyslots=summary["keyslots"], tokens=summary["tokens"]
+        )
+        report = rules.audit(plan_of(PILLAR), facts)
+        return [(f["device"], f["actual"]) for f in report["findings"] if f["rule"] == "HANA-KEY-005"]
+
+    def cryptsetup(action, *args):
+        subprocess.run(
+            ["cryptsetup", "-q", action, "--key-file", str(keyfile), str(image), *args], check=True
+        )
+
+    assert unaccounted() == []
+    cheap = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"]
+    cryptsetup("luksAddKey", *cheap, str(other))
+    assert unaccounted() == [("/dev/mapper/hana_data", ["keyslot 0", "keyslot 1"])]
+    cryptsetup("luksAddKey", *cheap, "--key-slot", "2", str(other))
+    token = tmp_path / "token.json"
+    token.write_text(json.dumps({"type": "hand-enrolled", "keyslots": ["2"]}))
+    subprocess.run(["cryptsetup", "token", "import", "--json-file", str(token), str(image)], check=True)
+    assert unaccounted() == [
+        ("/dev/mapper/hana_data", ["keyslot 0", "keyslot 1", "keyslot 2 (token hand-enrolled)"])
+    ]
+    cryptsetup("luksKillSlot", "1")
+    cryptsetup("luksKillSlot", "2")
+    assert unaccounted() == []
 
 
 def test_plain_mapping_is_enc_005():
@@ -586,5 +627,8 @@ def test_only_the_pillars_clevis_keyslot_is_exempt_from_the_kdf_rule(tang_server
     facts["headers"]["dm-0"] = dict(
         facts["headers"]["dm-0"], keyslots=header["keyslots"], tokens=header["tokens"]
     )
-    (finding,) = [f for f in rules.audit(plan_of(PILLAR), facts)["findings"]]
-    assert [a.split(":")[0] for a in finding["actual"]] == ["keyslot 0", "keyslot 1"]
+    weak, unaccounted = rules.audit(plan_of(PILLAR), facts)["findings"]
+    assert [a.split(":")[0] for a in weak["actual"]] == ["keyslot 0", "keyslot 1"]
+    # and a binding on a volume that names no Tang opens it without the key store
+    assert unaccounted["rule"] == "HANA-KEY-005"
+    assert unaccounted["actual"] == ["keyslot 0", "keyslot 1 (token clevis)"]

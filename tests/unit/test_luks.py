@@ -94,6 +94,7 @@ def test_luks1_is_recognised(make_luks, cipher, key_size):
             "type": "luks1",
             "key_size": key_size,
             "kdf": {"type": "pbkdf2", "hash": "sha256", "iterations": 1000},
+            "volume_key": "0",
         }
     ]
 
@@ -119,6 +120,7 @@ def test_added_keyslot_and_token(make_luks, keyfile, tmp_path):
     summary = parse_file(image)
     check_against_cryptsetup(summary, dump_json(image))
     assert [s["kdf"]["type"] for s in summary["keyslots"]] == ["argon2id", "pbkdf2"]
+    assert [s["volume_key"] for s in summary["keyslots"]] == ["0", "0"]
     assert summary["tokens"] == [{"id": 0, "type": "hana-vault", "keyslots": ["1"]}]
 
 
@@ -169,8 +171,11 @@ def test_recorded_header_during_reencryption():
         "mode": "reencrypt",
         "direction": "forward",
         "resilience": "checksum",
+        "volume_key": None,
     }
     assert summary["key_size"] == 512  # the volume key's, never the reencrypt keyslot's 8 bits
+    # the key opens the old volume key in keyslot 0 and the new one in keyslot 1
+    assert [s["volume_key"] for s in summary["keyslots"]] == ["0", "1", None]
     assert summary["reencryption"] == {
         "in_progress": True,
         "mode": "reencrypt",
@@ -379,6 +384,18 @@ def test_checksummed_random_metadata_only_raises_luks_error(good, meta):
         parse(bytes(data))
     except luks.LuksError:
         pass
+
+
+def test_a_digest_that_names_no_keyslot_list_is_an_error(good):
+    data = bytearray(good[:32768])
+    meta = json.loads(bytes(data[4096:16384]).split(b"\0", 1)[0])
+    meta["digests"]["0"]["keyslots"] = "0"
+    text = json.dumps(meta).encode()
+    for offset in (0, 16384):
+        data[offset + 4096 : offset + 16384] = text + bytes(12288 - len(text))
+        rechecksum(data, offset)
+    with pytest.raises(luks.LuksError, match="digest 0: 'keyslots' is not a list of keyslot ids"):
+        parse(bytes(data))
 
 
 def test_jwk_thumbprint_is_rfc_7638s():

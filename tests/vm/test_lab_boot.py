@@ -26,6 +26,7 @@ KEY_FILE = "/etc/hana-storage/keys/hana.key"
 MOUNTPOINTS = ["/hana/data", "/hana/log", "/hana/shared", "/hana/backup"]
 VGS = ["vg_hana_data", "vg_hana_log", "vg_hana_shared", "vg_hana_backup"]
 CRYPTS = ["hana_data", "hana_log_0", "hana_log_1", "hana_shared", "hana_backup"]
+DATA_LV = "/dev/vg_hana_data/lv_hana_data"
 TANG_CRYPTS = {
     "hana_log_0": "/dev/vde",
     "hana_log_1": "/dev/vdf",
@@ -113,10 +114,18 @@ def test_the_tang_volumes_are_bound_and_unlock_without_a_key_file(vm, built, tan
     )
 
 
-def test_a_removed_binding_and_a_rotated_away_tang_key_are_found_and_bound_again(vm, built, tang):
-    # one audit and one remediation for both: the lab's emulated guest makes each cost a minute
+def test_key_findings_are_found_and_the_tang_ones_remediated(vm, built, tang):
+    """A removed binding (HANA-KEY-002), bindings made with a rotated-away Tang key (HANA-KEY-004)
+    and a second passphrase added by hand (HANA-KEY-005, for people): one audit and one
+    remediation for all, as the lab's emulated guest makes each cost a minute."""
     device = TANG_CRYPTS["hana_backup"]
     vm.run(f"clevis luks unbind -f -d {device} -s 1", check=True, title="removing the backup LV's binding")
+    vm.run(
+        f"head -c 64 /dev/urandom >/run/other.key && cryptsetup luksAddKey -q --pbkdf argon2id --pbkdf-memory 8192 "
+        f"--pbkdf-force-iterations 4 --key-file {KEY_FILE} {DATA_LV} /run/other.key",
+        check=True,
+        title="adding a second passphrase to the data LV",
+    )
     old = tang.thumbprint
     tang.rotate()
     assert tang.thumbprint != old
@@ -128,17 +137,22 @@ def test_a_removed_binding_and_a_rotated_away_tang_key_are_found_and_bound_again
         for f in audit(vm)["findings"]
         if f["rule"] != "HANA-PERF-005"
     )
-    assert found == [
+    tang_findings = [
         ("HANA-KEY-002", "/dev/mapper/hana_backup", "auto", "none"),
         ("HANA-KEY-004", "/dev/mapper/hana_log_0", "auto", [old]),
         ("HANA-KEY-004", "/dev/mapper/hana_log_1", "auto", [old]),
+    ]
+    assert found == [
+        *tang_findings,
+        ("HANA-KEY-005", "/dev/mapper/hana_data", "manual", ["keyslot 0", "keyslot 1"]),
     ], found
     remediated = vm.salt("hana_storage.remediate rules=HANA-KEY-002,HANA-KEY-004", check=True).ret
     assert (
         sorted((f["rule"], f["device"]) for f in remediated["fixed"])
-        == [(rule, device) for rule, device, _, _ in found]
+        == [(rule, device) for rule, device, _, _ in tang_findings]
         and not remediated["remaining"]
     ), remediated
+    vm.run(f"cryptsetup luksKillSlot -q {DATA_LV} 1 && rm /run/other.key", check=True)
     for device in TANG_CRYPTS.values():
         tokens = vm.salt(f"hana_storage.luks_header {device}", check=True).ret["tokens"]
         (clevis,) = [t["clevis"] for t in tokens if t["type"] == "clevis"]
