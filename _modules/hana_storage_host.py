@@ -251,6 +251,47 @@ def _key_file_facts(plan):
     return facts
 
 
+def _header_backup_facts(plan):
+    return {
+        c["header_backup"]: header_backup(c["header_backup"])
+        for volume in plan["volumes"].values()
+        for c in volume["crypt"]
+        if c.get("header_backup")
+    }
+
+
+def header_backup(path):
+    """
+    What a LUKS header backup file holds, read-only: ``{"exists", "mode", "uid", "uuid",
+    "fingerprint"}``, or ``{"exists", "error"}`` (a symlink is not a backup the formula made).
+    The fingerprint is the one ``luks_header`` gives the live header while they agree.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' hana_storage_host.header_backup /var/lib/hana-storage/luks-headers/hana_data.luks-header
+    """
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return {"exists": False}
+    if not stat.S_ISREG(info.st_mode):
+        return {"exists": True, "error": "not a regular file"}
+    try:
+        with _reader(path) as read:
+            header = _util("luks.parse_header")(read)
+    except (ValueError, CommandExecutionError) as error:
+        return {"exists": True, "error": str(error)}
+    return {
+        "exists": True,
+        "mode": stat.S_IMODE(info.st_mode),
+        "uid": info.st_uid,
+        "uuid": header["uuid"],
+        "fingerprint": header["fingerprint"],
+    }
+
+
 def _device_names(plan, devices):
     """{pillar device: {"unstable": bool, "stable": [names that stay]}}: the multipath map that
     holds it, its /dev/disk/by-id links."""
@@ -312,6 +353,7 @@ def facts(plan):
         "crypttab": _parsed_file("/etc/crypttab", "tab.parse_crypttab"),
         "fstab": _parsed_file("/etc/fstab", "tab.parse_fstab"),
         "key_files": _key_file_facts(plan),
+        "header_backups": _header_backup_facts(plan),
         "device_names": _device_names(plan, devices),
         "crypto_drivers": _crypto_drivers(devices),
         "disks": {n: sorted(_kernel_name(d) for d in v["devices"]) for n, v in plan["volumes"].items()},

@@ -362,7 +362,7 @@ def luks_formatted(name, key_file, luks, label, stripe_kib=0, stripes=1, may_wip
     )
 
 
-def tang_bound(name, key_file, tang):
+def tang_bound(name, key_file, tang, header_backup=None):
     """
     The LUKS2 device ``name`` is bound by Clevis to exactly the Tang servers of ``tang`` (the
     plan's ``key.tang``: servers with their thumbprints, threshold), in a keyslot of its own; the
@@ -373,6 +373,9 @@ def tang_bound(name, key_file, tang):
     server's advertisement checked against the pillar's thumbprint, then the old one is removed,
     so that a run killed between the two leaves a device that opens either way. A device bound
     to anything else is refused: removing that is for people to decide (HANA-KEY-003).
+
+    ``header_backup``: the device's header backup (``header_backed_up``), made again once the
+    keyslots changed.
     """
     ret = _ret(name)
     urls = [s["url"] for s in tang["servers"]]
@@ -418,7 +421,84 @@ def tang_bound(name, key_file, tang):
                 ret, f"clevis luks unbind {name} keyslot {slot} failed: {err}", result=False, **changes
             )
         changes.setdefault("unbound", {"keyslots": []})["keyslots"].append(slot)
-    return _done(ret, f"bound {name} to {urls}", **changes)
+    comment = f"bound {name} to {urls}"
+    if header_backup:
+        ok, done = _back_up_header(name, header_backup)
+        if not ok:
+            return _done(ret, f"{comment}, but {done}", result=False, **changes)
+        changes["header_backup"] = header_backup
+        comment += f"; {done}"
+    return _done(ret, comment, **changes)
+
+
+def header_backed_up(name, backup):
+    """
+    ``backup`` is a root-only ``cryptsetup luksHeaderBackup`` of the LUKS device ``name`` whose
+    metadata is the live header's (hana_storage_host.header_backup; HANA-KEY-006).
+
+    The new backup is written beside the old one, checked against the live header, then renamed
+    over it: a run killed at any point leaves the old backup or the new one. The old one is not
+    kept: it holds keyslots since removed, and a passphrase revoked on the device would open a
+    device restored from it.
+    """
+    ret = _ret(name)
+    try:
+        live = __salt__["hana_storage_host.luks_header"](name)
+    except CommandExecutionError as error:
+        if __opts__["test"]:
+            return _would(
+                ret, f"would back up the LUKS header of {name} to {backup} once it is LUKS ({error})"
+            )
+        return _done(ret, f"{name}: {error}", result=False)
+    problem = _util("rules.header_backup_problem")(__salt__["hana_storage_host.header_backup"](backup), live)
+    if problem is None:
+        return _done(ret, f"{backup} is a current backup of the LUKS header of {name}")
+    if __opts__["test"]:
+        return _would(
+            ret, f"would back up the LUKS header of {name} to {backup} (the backup: {problem['text']})"
+        )
+    ok, done = _back_up_header(name, backup)
+    if not ok:
+        return _done(ret, done, result=False)
+    return _done(ret, f"{done} (the backup: {problem['text']})", header_backup=backup)
+
+
+def _back_up_header(device, backup):
+    """luksHeaderBackup ``device`` to ``backup`` through a new file in its directory: (ok, what
+    was done or why not)."""
+    directory = os.path.dirname(backup)
+    existing = directory
+    while not os.path.isdir(existing):
+        existing = os.path.dirname(existing)
+    try:  # nothing is made under a directory others can change
+        unsafe = _first_unsafe_directory(existing)
+        if not unsafe:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            unsafe = _unsafe_directory(backup)
+    except OSError as error:
+        return False, f"cannot make the header backup directory {directory}: {error.strerror}"
+    if unsafe:
+        return False, f"refusing to keep header backups under {unsafe}: users other than root can change it"
+    new = f"{backup}.new"
+    if os.path.lexists(new):
+        os.unlink(new)  # left by a run killed before its rename: cryptsetup never writes over a file
+    ok, err = _run(_util("commands.luks_header_backup")(device, new))
+    if not ok:
+        return False, f"cryptsetup luksHeaderBackup {device} failed: {err}"
+    live = __salt__["hana_storage_host.luks_header"](device)
+    made = __salt__["hana_storage_host.header_backup"](new)
+    if _util("rules.header_backup_problem")(dict(made, mode=0o400, uid=0), live) is not None:
+        os.unlink(new)
+        return False, f"the header of {device} changed while it was backed up: run again"
+    os.chown(new, 0, 0)
+    os.chmod(new, 0o400)
+    os.replace(new, backup)
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return True, f"backed up the LUKS header of {device} to {backup}"
 
 
 def _created_in_this_run(state_id):

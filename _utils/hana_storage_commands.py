@@ -90,6 +90,11 @@ def clevis_unbind(device, keyslot):
     return ["clevis", "luks", "unbind", "-d", device, "-s", str(keyslot), "-f"]
 
 
+def luks_header_backup(device, backup):
+    """A copy of the whole LUKS header (both copies and the keyslot area) into a new file."""
+    return ["cryptsetup", "luksHeaderBackup", device, "--header-backup-file", backup]
+
+
 def mkfs_xfs(device, stripe_kib, stripes, options, force=False):
     """mkfs.xfs aligned to the stripe (su = stripe size, sw = number of stripes)."""
     argv = ["mkfs.xfs", "-q"]

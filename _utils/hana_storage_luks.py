@@ -6,7 +6,9 @@ area, the whole ``hdr_size`` checksummed (csum field zeroed); a second copy foll
 ``hdr_size``. Both copies are read and verified; when one is damaged the other is used and the
 result says ``degraded``. LUKS1: one 592-byte header, no checksum.
 
-The summary carries no salts, digests or key material: only what an audit needs.
+The summary carries no salts, digests or key material: only what an audit needs. Its
+``fingerprint`` (a SHA-256 of the LUKS2 JSON metadata, or of the whole LUKS1 header) is the same
+for a header and its ``luksHeaderBackup`` until a keyslot, token or segment changes.
 """
 
 import base64
@@ -95,6 +97,7 @@ def _parse_luks1(raw):
         "tokens": [],
         "reencryption": None,
         "hash": hash_spec,
+        "fingerprint": hashlib.sha256(raw[:LUKS1_HEADER_SIZE]).hexdigest(),
         "degraded": False,
         "copies": {"primary": "ok"},
     }
@@ -142,7 +145,15 @@ def _parse_luks2(read, start):
         degraded = True
     best = max((c for c in (primary, secondary) if c), key=lambda c: c["seqid"])
     summary = _summarise(best)
-    summary.update(degraded=degraded, copies=copies, seqid=best["seqid"], hdr_size=best["hdr_size"])
+    summary.update(
+        degraded=degraded,
+        copies=copies,
+        seqid=best["seqid"],
+        hdr_size=best["hdr_size"],
+        fingerprint=hashlib.sha256(
+            json.dumps(best["metadata"], sort_keys=True, separators=(",", ":")).encode()
+        ).hexdigest(),
+    )
     return summary
 
 

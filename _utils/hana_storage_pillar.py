@@ -497,6 +497,9 @@ def normalize(config, systemd_version=None):
             volume["pvs"] = [f"/dev/mapper/{c['name']}" for c in volume["crypt"]]
             volume["fs_device"] = volume["lv_path"]
             volume["fs_dm_name"] = volume["lv_dm_name"]
+        backups = config.get("header_backup", {}).get("directory")
+        for crypt in volume["crypt"]:
+            crypt["header_backup"] = f"{backups.rstrip('/')}/{crypt['name']}.luks-header" if backups else None
         # Safe mode off: every device this pillar names may be formatted.
         volume["may_format"] = list(volume["devices"]) if not config["safe_mode"] else volume["allow_format"]
         at_boot = AT_BOOT[volume["key"]["source"]]

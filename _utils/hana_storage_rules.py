@@ -67,7 +67,17 @@ MOUNT = Fix(
 TANG_BINDING = Fix(
     "hana_storage.tang_bound",
     "crypt",
-    {"name": "crypt.device", "key_file": "volume.key.file", "tang": "volume.key.tang"},
+    {
+        "name": "crypt.device",
+        "key_file": "volume.key.file",
+        "tang": "volume.key.tang",
+        "header_backup": "crypt.header_backup",
+    },
+)
+HEADER_BACKUP = Fix(
+    "hana_storage.header_backed_up",
+    "crypt",
+    {"name": "crypt.device", "backup": "crypt.header_backup"},
 )
 KEY_FILE = Fix(
     "hana_storage.key_present",
@@ -110,6 +120,7 @@ RULES = {
         "medium", "a Clevis binding was made with a Tang signing key the pillar no longer names", TANG_BINDING
     ),
     "HANA-KEY-005": Rule("high", "a keyslot opens the volume that the pillar does not account for"),
+    "HANA-KEY-006": Rule("medium", "no current, root-only LUKS header backup", HEADER_BACKUP),
 }
 
 
@@ -153,6 +164,26 @@ def tang_binding_verdict(binding, tang):
 
 def tang_binding_matches(binding, tang):
     return tang_binding_verdict(binding, tang) == "matches"
+
+
+def header_backup_problem(fact, header):
+    """What is wrong with a header backup (hana_storage_host.header_backup) of the live LUKS
+    ``header``: None, or {"code", "text"} - ``missing``, ``unreadable``, ``other_device``,
+    ``stale`` (the header's keyslots, tokens or segments changed since), ``exposed``."""
+    if not fact["exists"]:
+        return {"code": "missing", "text": "none"}
+    if "error" in fact:
+        return {"code": "unreadable", "text": f"unreadable: {fact['error']}"}
+    if fact["uuid"] != header["uuid"]:
+        return {"code": "other_device", "text": f"the header of another LUKS device (UUID {fact['uuid']})"}
+    if fact["fingerprint"] != header.get("fingerprint"):
+        return {
+            "code": "stale",
+            "text": "older than the header: its keyslots, tokens or segments changed since",
+        }
+    if fact["mode"] & 0o077 or fact["uid"] != 0:
+        return {"code": "exposed", "text": f"mode {fact['mode']:04o}, owner uid {fact['uid']}"}
+    return None
 
 
 def fix_for(plan, finding, volume_summary):
@@ -429,6 +460,7 @@ class VolumeAudit:
         if header:
             self._kdf_rules(path, header)
             self._keyslot_rules(path, header)
+            self._header_backup_rules(path, device["dm_name"], header)
         if segment["sector_size"] != luks["sector_size"]:
             self.add(
                 "HANA-PERF-001",
@@ -513,6 +545,27 @@ class VolumeAudit:
                 "key's: find that one (cryptsetup open --test-passphrase --key-slot N with the key), then "
                 "check the others and cryptsetup luksKillSlot what nobody can account for",
             )
+
+    def _header_backup_rules(self, path, crypt_name, header):
+        """The LUKS header is the only copy of the volume key behind the keyslots: with
+        ``header_backup`` in the pillar, each device has a root-only backup whose metadata is the
+        live header's (a backup from before a keyslot change restores what the change removed)."""
+        crypt = next((c for c in self.volume["crypt"] if c["name"] == crypt_name), {})
+        backup = crypt.get("header_backup")
+        if not backup:
+            return
+        fact = self.facts.get("header_backups", {}).get(backup, {"exists": False})
+        problem = header_backup_problem(fact, header)
+        if problem is None:
+            return
+        self.add(
+            "HANA-KEY-006",
+            path,
+            f"a current, root-only luksHeaderBackup at {backup}",
+            problem["text"],
+            f"{path}: header backup {backup}: {problem['text']}. Lose the header and every byte of the device is "
+            "gone: back it up again (remediation does, cryptsetup luksHeaderBackup)",
+        )
 
     def _pillar_clevis_keyslots(self, header):
         """Keyslots of the Clevis bindings to the pillar's servers: their passphrase is 32 random bytes

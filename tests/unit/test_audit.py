@@ -330,6 +330,92 @@ def test_keyslots_the_pillar_does_not_account_for_are_key_005(make_luks, keyfile
     assert unaccounted() == []
 
 
+BACKUPS = "/var/lib/hana-storage/luks-headers"
+
+
+def with_header_backups():
+    pillar = copy.deepcopy(PILLAR)
+    pillar["header_backup"] = {"directory": BACKUPS}
+    return pillar
+
+
+def backup_of(summary, **fact):
+    """A header backup fact (hana_storage_host.header_backup) of the header ``summary``."""
+    return {
+        "exists": True,
+        "mode": 0o400,
+        "uid": 0,
+        "uuid": summary["uuid"],
+        "fingerprint": summary["fingerprint"],
+        **fact,
+    }
+
+
+@pytest.mark.parametrize(
+    "fact,problem",
+    [
+        (None, "none"),
+        ({"exists": True, "error": "no LUKS header"}, "unreadable: no LUKS header"),
+        ({"uuid": "0b5d6e2a-0000-4000-8000-000000000000"}, "the header of another LUKS device"),
+        ({"fingerprint": "0" * 64}, "older than the header"),
+        ({"mode": 0o644}, "mode 0644, owner uid 0"),
+    ],
+)
+def test_a_missing_stale_or_exposed_header_backup_is_key_006(fact, problem):
+    facts = compliant()
+    live = facts["headers"]["dm-0"]
+    backups = {}
+    for crypt in ("hana_data", "hana_log_0", "hana_log_1"):
+        header = live if crypt == "hana_data" else facts["headers"][crypt_backing(facts, crypt)]
+        backups[f"{BACKUPS}/{crypt}.luks-header"] = backup_of(header)
+    facts["header_backups"] = backups
+    assert rules.audit(plan_of(with_header_backups()), facts)["compliant"] is True
+    data = f"{BACKUPS}/hana_data.luks-header"
+    if fact is None:
+        del backups[data]
+    elif "error" in fact:
+        backups[data] = fact
+    else:
+        backups[data] = backup_of(live, **fact)
+    (finding,) = rules.audit(plan_of(with_header_backups()), facts)["findings"]
+    assert (finding["rule"], finding["device"], finding["remediation"]) == (
+        "HANA-KEY-006",
+        "/dev/mapper/hana_data",
+        "auto",
+    )
+    assert finding["actual"].startswith(problem), finding
+    fix = rules.fix_for(plan_of(with_header_backups()), finding, {"mounted": True})
+    assert fix == {
+        "state": "hana_storage.header_backed_up",
+        "kwargs": {"name": "/dev/vg_a/lv_a", "backup": data},  # the test pillar names its LV
+    }
+
+
+def crypt_backing(facts, crypt):
+    """The kernel name of the device below the crypt mapping ``crypt``."""
+    device = next(d for d in facts["devices"].values() if d["dm_name"] == crypt)
+    return next(s for s in device["table"] if s["target"] == "crypt")["device_name"]
+
+
+def test_a_real_header_backup_is_current_until_a_keyslot_changes(make_luks, keyfile, tmp_path):
+    import subprocess
+
+    image, backup = make_luks(), tmp_path / "hdr.luks-header"
+    subprocess.run(
+        ["cryptsetup", "luksHeaderBackup", str(image), "--header-backup-file", str(backup)], check=True
+    )
+    live = luks.parse_header(luks.reader_for(image.read_bytes()))
+    fact = backup_of(luks.parse_header(luks.reader_for(backup.read_bytes())))
+    assert rules.header_backup_problem(fact, live) is None
+    cheap = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"]
+    subprocess.run(
+        ["cryptsetup", "luksAddKey", "-q", *cheap, "--key-file", str(keyfile), str(image), str(keyfile)],
+        check=True,
+    )
+    live = luks.parse_header(luks.reader_for(image.read_bytes()))
+    assert rules.header_backup_problem(fact, live)["code"] == "stale"
+
+
 def test_plain_mapping_is_enc_005():
     facts = compliant()
     facts["devices"]["dm-1"]["crypt_type"] = "PLAIN"
@@ -456,7 +542,7 @@ def test_every_rule_has_a_test():
         "HANA-MOUNT-001",
         "HANA-KEY-002",
     }
-    tested |= {"HANA-KEY-003", "HANA-KEY-004"}
+    tested |= {"HANA-KEY-003", "HANA-KEY-004", "HANA-KEY-006"}
     assert tested == set(rules.RULES)
 
 

@@ -2,46 +2,15 @@
 own Jinja (import_yaml through the file client, slsutil.merge), and the SLS it drives."""
 
 import pytest
-import salt.config
-import salt.utils.data
-import salt.utils.dictupdate
-import salt.utils.templates
 import salt.utils.yaml
 
-from tests.conftest import REPO
+from tests.support.sls import render
 
 EXPECT = {
     "Suse": ["cryptsetup", "lvm2", "xfsprogs", "device-mapper", "multipath-tools", "fio"],
     "RedHat": ["cryptsetup", "lvm2", "xfsprogs", "device-mapper", "device-mapper-multipath", "fio"],
     "Debian": ["cryptsetup-bin", "lvm2", "xfsprogs", "dmsetup", "multipath-tools", "fio"],
 }
-
-
-def render(tmp_path, template, os_family, pillar=None, python="/opt/saltstack/salt/bin/python3.10"):
-    opts = salt.config.minion_config(None)
-    opts.update(
-        file_client="local",
-        file_roots={"base": [str(REPO / "salt")]},
-        cachedir=str(tmp_path),
-        pillar=pillar or {},
-    )
-    functions = {
-        "slsutil.merge": lambda a, b: salt.utils.dictupdate.merge(a, b, merge_lists=False),
-        "pillar.get": lambda key, default=None: salt.utils.data.traverse_dict_and_list(
-            pillar or {}, key, default
-        ),
-    }
-    context = {
-        "opts": opts,
-        "saltenv": "base",
-        "grains": {"os_family": os_family, "pythonexecutable": python},
-        "pillar": pillar or {},
-        "salt": functions,
-    }
-    text = (REPO / "salt" / "hana" / "storage" / template).read_text()
-    return salt.utils.templates.render_jinja_tmpl(
-        text, context, tmplpath=str(REPO / "salt" / "hana" / "storage" / template)
-    )
 
 
 @pytest.mark.parametrize("family", sorted(EXPECT))

@@ -42,12 +42,28 @@ def test_defaults_and_schema_are_consistent():
     assert errors_of({}) == ["hana:storage:volumes: needs at least 1 entry"]
 
 
+def test_header_backups_are_named_by_crypt_device():
+    pillar = dict(GOOD, header_backup={"directory": "/var/lib/hana-storage/luks-headers/"})
+    assert errors_of(pillar) == []
+    plan = hp.normalize(hp.merge(DEFAULTS, pillar))
+    assert [c["header_backup"] for v in plan["volumes"].values() for c in v["crypt"]] == [
+        "/var/lib/hana-storage/luks-headers/hana_data.luks-header",
+        "/var/lib/hana-storage/luks-headers/hana_log_0.luks-header",
+        "/var/lib/hana-storage/luks-headers/hana_log_1.luks-header",
+        "/var/lib/hana-storage/luks-headers/hana_shared.luks-header",
+    ]
+    assert errors_of(dict(GOOD, header_backup={"directory": "relative"})) != []
+    assert errors_of(dict(GOOD, header_backup={})) != []
+
+
 def test_good_pillar_is_valid_and_normalises():
     assert errors_of(GOOD) == []
     plan = hp.normalize(hp.merge(DEFAULTS, GOOD))
     data, log = plan["volumes"]["data"], plan["volumes"]["log"]
     assert data["stripes"] == 4 and data["stripe_size_kib"] == 256
-    assert data["crypt"] == [{"name": "hana_data", "device": "/dev/vg_hana_data/lv_hana_data"}]
+    assert data["crypt"] == [
+        {"name": "hana_data", "device": "/dev/vg_hana_data/lv_hana_data", "header_backup": None}
+    ]
     assert data["fs_device"] == "/dev/mapper/hana_data"
     assert [c["name"] for c in log["crypt"]] == ["hana_log_0", "hana_log_1"]
     assert log["pvs"] == ["/dev/mapper/hana_log_0", "/dev/mapper/hana_log_1"]

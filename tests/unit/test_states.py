@@ -1368,3 +1368,139 @@ def test_mounted_remount_in_test_mode_changes_nothing(salt_functions, mounted_at
     assert ret["result"] is None and ret["changes"] == {}
     assert ret["comment"] == "would remount /hana/data with inode64"
     assert_nothing_done(salt_functions)
+
+
+# ---- header_backed_up ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def real_headers(salt_functions):
+    """The host module's own luks_header and header_backup, and commands that really run: the
+    backups are real `cryptsetup luksHeaderBackup` files of a real LUKS2 image."""
+    import subprocess
+
+    import hana_storage_luks as luks
+
+    spec = importlib.util.spec_from_file_location("host_module", REPO / "_modules" / "hana_storage_host.py")
+    host = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(host)
+    host.__utils__ = {"hana_storage_luks.parse_header": luks.parse_header}
+    salt_functions["hana_storage_host.luks_header"] = MagicMock(side_effect=host.luks_header)
+    salt_functions["hana_storage_host.header_backup"] = MagicMock(side_effect=host.header_backup)
+
+    def run_all(argv, **_kwargs):
+        if argv[0] != "cryptsetup":
+            return {"retcode": 0, "stdout": "", "stderr": ""}
+        done = subprocess.run(argv, capture_output=True, text=True)
+        return {"retcode": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
+
+    salt_functions["cmd.run_all"].side_effect = run_all
+    return host
+
+
+def backup_state(host, backup, image):
+    return states._util("rules.header_backup_problem")(
+        host.header_backup(str(backup)), host.luks_header(str(image))
+    )
+
+
+def add_keyslot(image, keyfile):
+    import subprocess
+
+    cheap = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"]
+    subprocess.run(
+        ["cryptsetup", "luksAddKey", "-q", *cheap, "--key-file", str(keyfile), str(image), str(keyfile)],
+        check=True,
+    )
+
+
+def test_header_backed_up_makes_a_root_only_backup_then_keeps_it(real_headers, make_luks, tmp_path):
+    image, backup = make_luks(), tmp_path / "headers" / "hana_data.luks-header"
+    ret = states.header_backed_up(str(image), str(backup))
+    assert ret["result"] is True and ret["changes"] == {"header_backup": str(backup)}, ret
+    assert "(the backup: none)" in ret["comment"]
+    assert backup_state(real_headers, backup, image) is None
+    assert (
+        oct(backup.stat().st_mode & 0o777) == "0o400" and oct(backup.parent.stat().st_mode & 0o777) == "0o700"
+    )
+    again = states.header_backed_up(str(image), str(backup))
+    assert again["result"] is True and again["changes"] == {} and "is a current backup" in again["comment"]
+
+
+def test_header_backed_up_replaces_a_backup_older_than_the_keyslots(
+    real_headers, make_luks, keyfile, tmp_path
+):
+    image, backup = make_luks(), tmp_path / "hana_data.luks-header"
+    assert states.header_backed_up(str(image), str(backup))["result"] is True
+    add_keyslot(image, keyfile)
+    assert backup_state(real_headers, backup, image)["code"] == "stale"
+    ret = states.header_backed_up(str(image), str(backup))
+    assert ret["result"] is True and ret["changes"] == {"header_backup": str(backup)}
+    assert backup_state(real_headers, backup, image) is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hana_data.luks-header"]  # the old one is gone
+
+
+def test_header_backed_up_in_test_mode_writes_nothing(real_headers, make_luks, keyfile, tmp_path, opts):
+    image, backup = make_luks(), tmp_path / "headers" / "hana_data.luks-header"
+    opts["test"] = True
+    ret = states.header_backed_up(str(image), str(backup))
+    assert ret["result"] is None and ret["changes"] == {} and "would back up" in ret["comment"]
+    assert not backup.parent.exists()
+    opts["test"] = False
+    states.header_backed_up(str(image), str(backup))
+    add_keyslot(image, keyfile)
+    before = backup.read_bytes()
+    opts["test"] = True
+    ret = states.header_backed_up(str(image), str(backup))
+    assert ret["result"] is None and "older than the header" in ret["comment"]
+    assert backup.read_bytes() == before
+
+
+def test_header_backed_up_after_a_run_killed_before_its_rename(real_headers, make_luks, tmp_path):
+    image, backup = make_luks(), tmp_path / "hana_data.luks-header"
+    (tmp_path / "hana_data.luks-header.new").write_bytes(b"half a header")
+    ret = states.header_backed_up(str(image), str(backup))
+    assert ret["result"] is True and backup_state(real_headers, backup, image) is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hana_data.luks-header"]
+
+
+def test_header_backed_up_refuses_a_directory_others_can_change(real_headers, make_luks, tmp_path):
+    image, shared = make_luks(), tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # no sticky bit: anyone may swap what is in it
+    ret = states.header_backed_up(str(image), str(shared / "headers" / "hana_data.luks-header"))
+    assert ret["result"] is False and ret["changes"] == {} and str(shared) in ret["comment"]
+    assert not (shared / "headers").exists()
+
+
+def test_header_backed_up_keeps_the_old_backup_when_the_header_changes_meanwhile(
+    real_headers, make_luks, keyfile, tmp_path, salt_functions
+):
+    image, backup = make_luks(), tmp_path / "hana_data.luks-header"
+    states.header_backed_up(str(image), str(backup))
+    add_keyslot(image, keyfile)
+    before = backup.read_bytes()
+    header = real_headers.luks_header(str(image))
+    # the live header read after the backup was made is another one (a keyslot added meanwhile)
+    salt_functions["hana_storage_host.luks_header"].side_effect = [header, dict(header, fingerprint="0" * 64)]
+    ret = states.header_backed_up(str(image), str(backup))
+    assert ret["result"] is False and "changed while it was backed up" in ret["comment"]
+    assert backup.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hana_data.luks-header"]
+
+
+def test_tang_bound_backs_the_header_up_again_after_binding(
+    real_headers, make_luks, tmp_path, salt_functions
+):
+    image, backup = make_luks(), tmp_path / "hana_data.luks-header"
+    ret = states.tang_bound(str(image), "/k", TANG, header_backup=str(backup))
+    assert ret["result"] is True, ret
+    assert ret["changes"] == {
+        "bound": {"servers": ["http://tang.example:7500"], "threshold": 1},
+        "header_backup": str(backup),
+    }
+    assert [argv[:3] for argv in argvs_run(salt_functions)] == [
+        ["clevis", "luks", "bind"],
+        ["cryptsetup", "luksHeaderBackup", str(image)],
+    ]
+    assert backup_state(real_headers, backup, image) is None

@@ -27,6 +27,9 @@ MOUNTPOINTS = ["/hana/data", "/hana/log", "/hana/shared", "/hana/backup"]
 VGS = ["vg_hana_data", "vg_hana_log", "vg_hana_shared", "vg_hana_backup"]
 CRYPTS = ["hana_data", "hana_log_0", "hana_log_1", "hana_shared", "hana_backup"]
 DATA_LV = "/dev/vg_hana_data/lv_hana_data"
+SHARED_LV = "/dev/vg_hana_shared/lv_hana_shared"
+BACKUPS = "/etc/hana-storage/luks-headers"  # the guest's /var is the host's, read-only
+STALE = "older than the header: its keyslots, tokens or segments changed since"
 TANG_CRYPTS = {
     "hana_log_0": "/dev/vde",
     "hana_log_1": "/dev/vdf",
@@ -57,6 +60,7 @@ def vm(request, tang):
     }
     storage["volumes"]["log"]["key"] = bound
     storage["volumes"]["backup"]["key"] = bound
+    storage["header_backup"] = {"directory": BACKUPS}
     vm.setup_salt(yaml.safe_dump({"hana": {"storage": storage}}))
     vm.storage = storage  # the rotation test names Tang's new key in it
     return vm
@@ -88,7 +92,11 @@ def test_the_guest_cpu_has_no_aes_instructions(vm):
 
 
 def test_the_lab_layout_is_compliant_but_for_its_generic_aes_driver(vm, built):
-    only_the_generic_driver(audit(vm))
+    only_the_generic_driver(audit(vm))  # its header backups current too (HANA-KEY-006)
+    listing = vm.run(f"stat -c '%a %U %n' {BACKUPS} {BACKUPS}/*", check=True, echo=False).output.split()
+    assert listing == ["700", "root", BACKUPS] + [
+        part for c in sorted(CRYPTS) for part in ("400", "root", f"{BACKUPS}/{c}.luks-header")
+    ], listing
     again = vm.salt("state.apply hana.storage", check=True, title="state.apply again: nothing to change")
     assert not [s["__id__"] for s in again.ret.values() if s["changes"]]
 
@@ -114,10 +122,11 @@ def test_the_tang_volumes_are_bound_and_unlock_without_a_key_file(vm, built, tan
     )
 
 
-def test_key_findings_are_found_and_the_tang_ones_remediated(vm, built, tang):
+def test_key_findings_are_found_and_the_auto_ones_remediated(vm, built, tang):
     """A removed binding (HANA-KEY-002), bindings made with a rotated-away Tang key (HANA-KEY-004)
-    and a second passphrase added by hand (HANA-KEY-005, for people): one audit and one
-    remediation for all, as the lab's emulated guest makes each cost a minute."""
+    and a second passphrase added by hand (HANA-KEY-005, for people), each header changed since
+    its backup (HANA-KEY-006): one audit and one remediation for all, as the lab's emulated guest
+    makes each cost a minute."""
     device = TANG_CRYPTS["hana_backup"]
     vm.run(f"clevis luks unbind -f -d {device} -s 1", check=True, title="removing the backup LV's binding")
     vm.run(
@@ -137,27 +146,50 @@ def test_key_findings_are_found_and_the_tang_ones_remediated(vm, built, tang):
         for f in audit(vm)["findings"]
         if f["rule"] != "HANA-PERF-005"
     )
-    tang_findings = [
+    assert found == [
         ("HANA-KEY-002", "/dev/mapper/hana_backup", "auto", "none"),
         ("HANA-KEY-004", "/dev/mapper/hana_log_0", "auto", [old]),
         ("HANA-KEY-004", "/dev/mapper/hana_log_1", "auto", [old]),
-    ]
-    assert found == [
-        *tang_findings,
         ("HANA-KEY-005", "/dev/mapper/hana_data", "manual", ["keyslot 0", "keyslot 1"]),
+        ("HANA-KEY-006", "/dev/mapper/hana_backup", "auto", STALE),
+        ("HANA-KEY-006", "/dev/mapper/hana_data", "auto", STALE),
     ], found
-    remediated = vm.salt("hana_storage.remediate rules=HANA-KEY-002,HANA-KEY-004", check=True).ret
+    # with the passphrase gone the data LV's header has the keyslots of its backup again: the
+    # backup restores exactly them, so it is current (and not made again)
+    vm.run(f"cryptsetup luksKillSlot -q {DATA_LV} 1 && rm /run/other.key", check=True)
+    remediated = vm.salt(
+        "hana_storage.remediate rules=HANA-KEY-002,HANA-KEY-004,HANA-KEY-006", check=True
+    ).ret
     assert (
         sorted((f["rule"], f["device"]) for f in remediated["fixed"])
-        == [(rule, device) for rule, device, _, _ in tang_findings]
+        == [(rule, dev) for rule, dev, how, _ in found if how == "auto" and dev != "/dev/mapper/hana_data"]
         and not remediated["remaining"]
     ), remediated
-    vm.run(f"cryptsetup luksKillSlot -q {DATA_LV} 1 && rm /run/other.key", check=True)
     for device in TANG_CRYPTS.values():
         tokens = vm.salt(f"hana_storage.luks_header {device}", check=True).ret["tokens"]
         (clevis,) = [t["clevis"] for t in tokens if t["type"] == "clevis"]
         assert tang.thumbprint in clevis["servers"][0]["thumbprints"], clevis
     only_the_generic_driver(audit(vm))
+
+
+def test_a_destroyed_header_is_restored_from_its_backup(vm, built):
+    """The README's restore procedure: the data behind a zeroed LUKS header comes back."""
+    vm.run("head -c 4M /dev/urandom >/hana/shared/restore.bin && sync", check=True)
+    before = vm.run("sha256sum /hana/shared/restore.bin", check=True, echo=False).output
+    vm.run(
+        f"umount /hana/shared && cryptsetup close hana_shared && "
+        f"dd if=/dev/zero of={SHARED_LV} bs=64k count=1 conv=fsync status=none",
+        check=True,
+        title="destroying the shared LV's LUKS header (both copies)",
+    )
+    assert vm.run(f"cryptsetup isLuks {SHARED_LV}", echo=False).rc != 0
+    vm.run(
+        f"cryptsetup luksHeaderRestore -q {SHARED_LV} --header-backup-file {BACKUPS}/hana_shared.luks-header && "
+        f"cryptsetup open --key-file {KEY_FILE} {SHARED_LV} hana_shared && mount /hana/shared",
+        check=True,
+        title="restoring it from its backup",
+    )
+    assert vm.run("sha256sum /hana/shared/restore.bin", check=True, echo=False).output == before
 
 
 def test_after_the_rotation_the_host_boots_the_lab_layout_without_salt(vm, built):

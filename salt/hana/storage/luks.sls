@@ -2,7 +2,8 @@
 # vim: ft=sls
 # LUKS2 format and open with the dm-crypt flags: on the LV (above LVM) or on each disk (below).
 # Below LVM, what an opened device holds is checked before pvcreate (lvm.sls) may wipe it.
-# A Tang volume's devices are bound with Clevis (the recovery key's keyslot stays).
+# A Tang volume's devices are bound with Clevis (the recovery key's keyslot stays). With
+# header_backup, each device's header is backed up once its keyslots and flags are in place.
 ---
 {%- from "hana/storage/map.jinja" import hana_storage with context %}
 {%- if hana_storage.valid %}
@@ -33,6 +34,7 @@ hana-storage-{{ name }}-tang-{{ loop.index0 }}:
     - name: {{ crypt.device }}
     - key_file: {{ volume.key.file }}
     - tang: {{ volume.key.tang | json }}
+    - header_backup: {{ crypt.header_backup | json }}
     - require:
       - hana_storage: hana-storage-{{ name }}-luks-{{ loop.index0 }}
 {%-       endif %}
@@ -45,6 +47,18 @@ hana-storage-{{ name }}-open-{{ loop.index0 }}:
     - flags: {{ luks.flags | json }}
     - require:
       - hana_storage: hana-storage-{{ name }}-luks-{{ loop.index0 }}
+{%-       if crypt.header_backup %}
+
+hana-storage-{{ name }}-header-backup-{{ loop.index0 }}:
+  hana_storage.header_backed_up:
+    - name: {{ crypt.device }}
+    - backup: {{ crypt.header_backup }}
+    - require:
+      - hana_storage: hana-storage-{{ name }}-open-{{ loop.index0 }}
+{%-         if volume.key.source == 'tang' %}
+      - hana_storage: hana-storage-{{ name }}-tang-{{ loop.index0 }}
+{%-         endif %}
+{%-       endif %}
 {%-       if not above %}
 
 hana-storage-{{ name }}-inside-{{ loop.index0 }}:
