@@ -20,9 +20,11 @@ CRYPT_FLAGS = (
     "high_priority",
     "iv_large_sectors",
 )
-# dmsetup mangles whitespace in device names (\x20): a name is one field
+# dmsetup mangles whitespace in device names (\x20): a name is one field. A target type has at
+# most 16 characters (DM_MAX_TYPE_NAME, linux/dm-ioctl.h): a longer word there is no table line,
+# and never passes through unredacted.
 _LINE = re.compile(
-    r"^(?P<name>\S+): (?P<start>\d+) (?P<length>\d+) (?P<target>[A-Za-z0-9_-]+)(?: (?P<args>.*))?$"
+    r"^(?P<name>\S+): (?P<start>\d+) (?P<length>\d+) (?P<target>[A-Za-z0-9_-]{1,16})(?: (?P<args>.*))?$"
 )
 _EMPTY = re.compile(r"^(?P<name>\S+):\s*$")
 _DEVICE = re.compile(r"^(\d+:\d+|/dev/\S+)$")

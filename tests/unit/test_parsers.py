@@ -516,3 +516,11 @@ def test_an_algorithm_nothing_registered_has_no_driver():
 def test_malformed_proc_crypto_is_its_own_error(text):
     with pytest.raises(kcrypto.ProcCryptoError):
         kcrypto.parse_proc_crypto(text)
+
+
+def test_a_key_in_the_target_field_is_no_table_line():
+    """Hypothesis found it: `name: 1 1 <hex key>` kept the key as the target's type. The kernel's
+    target types have at most 16 characters (DM_MAX_TYPE_NAME)."""
+    with pytest.raises(dm.DmTableError):
+        dm.parse_tables(f"name: 1 1 {HEX_KEY}")
+    assert dm.parse_tables("name: 0 8 thin-pool-16char 1")["name"][0]["target"] == "thin-pool-16char"
