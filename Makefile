@@ -11,8 +11,9 @@ PYTEST := -m pytest -p no:cacheprovider
 deps:
 	@tools/install-deps.sh
 
+# make demo KEY=tang: every volume bound to a real tangd on the host's loopback instead
 demo: deps
-	.venv/bin/python lab/demo.py
+	.venv/bin/python lab/demo.py $(if $(KEY),--key $(KEY))
 
 # The unit tier on the newest line first (a fast failure); then the older lines' unit tiers and
 # the integration tier run beside the VM tier: their daemons mostly wait, while the emulated guest

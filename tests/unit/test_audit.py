@@ -571,7 +571,7 @@ def test_the_readmes_rule_table_is_the_rule_tables():
 
 @pytest.fixture(scope="module")
 def tang_servers(tmp_path_factory):
-    from tests.support.tang import TangServer
+    from tang_server import TangServer
 
     root = tmp_path_factory.mktemp("tang")
     with TangServer(root / "a") as first, TangServer(root / "b") as second:
@@ -662,7 +662,7 @@ def test_a_binding_the_pillar_does_not_name_is_key_003(tang_servers, tmp_path, c
 
 
 def test_a_binding_made_with_a_rotated_away_key_is_key_004(tmp_path_factory, tmp_path):
-    from tests.support.tang import TangServer
+    from tang_server import TangServer
 
     with TangServer(tmp_path_factory.mktemp("rotating")) as server:
         before = tang_key(server)

@@ -16,8 +16,8 @@ import json
 
 import pytest
 import yaml
+from tang_server import TangServer
 
-from tests.support.tang import TangServer
 from tests.vm.conftest import boot, boot_without_salt, close_storage
 
 pytestmark = pytest.mark.vm

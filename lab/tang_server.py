@@ -6,16 +6,21 @@ import base64
 import hashlib
 import json
 import shutil
+import socket
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
 
-from tests.support.master import free_port
-
 TANGD = Path("/usr/libexec/tangd")
 KEYGEN = Path("/usr/libexec/tangd-keygen")
 ROTATE = Path("/usr/libexec/tangd-rotate-keys")
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 class TangMissing(RuntimeError):
