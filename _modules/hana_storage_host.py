@@ -548,8 +548,9 @@ CRYPTSETUP_EXIT = {
 KEY_TEST_MAX_HEADER = 128 << 20  # cryptsetup's own limit on a LUKS2 metadata + keyslots area
 
 
-def _key_test(name, header, key_file):
-    """(opens: True|False|None, error or None): does ``key_file`` unlock LUKS device /dev/<name>?
+def _key_test(path, header, key_file, keyslot=None):
+    """(opens: True|False|None, error or None): does ``key_file`` unlock the LUKS device at
+    ``path`` (only its keyslot ``keyslot``, when given)?
 
     The key is tried on a copy of the header in memory, never on the device:
     ``cryptsetup open --test-passphrase`` repairs a damaged LUKS2 header copy as it loads it,
@@ -564,7 +565,7 @@ def _key_test(name, header, key_file):
         )
     copy = os.memfd_create("hana-storage-luks-header", os.MFD_CLOEXEC)
     try:
-        with _reader(f"/dev/{name}") as read:
+        with _reader(path) as read:
             os.write(copy, read(0, size))
         result = __salt__["cmd.run_all"](
             [
@@ -573,6 +574,7 @@ def _key_test(name, header, key_file):
                 "--test-passphrase",
                 "--key-file",
                 key_file,
+                *([] if keyslot is None else ["--key-slot", str(keyslot)]),
                 f"/proc/{os.getpid()}/fd/{copy}",
             ],
             python_shell=False,
@@ -580,7 +582,7 @@ def _key_test(name, header, key_file):
             ignore_retcode=True,
         )
     except (OSError, CommandExecutionError) as error:
-        return None, f"cannot copy the LUKS header of /dev/{name}: {error}"
+        return None, f"cannot copy the LUKS header of {path}: {error}"
     finally:
         os.close(copy)
     code = result["retcode"]
@@ -612,6 +614,49 @@ def _first_data(name, size):
     return None
 
 
+def _keys_test(path, header, key_files):
+    """(opens, error) of the first key that opens the device; False only when every key is
+    refused; None (and why) when a test failed and no key opened it."""
+    errors = []
+    for key_file in key_files:
+        opens, error = _key_test(path, header, key_file)
+        if opens:
+            return True, None
+        if error:
+            errors.append(error)
+    return (None, "; ".join(errors)) if errors else (False, None)
+
+
+def key_slots(device, key_file):
+    """
+    Which keyslots of the LUKS device ``device`` the key in ``key_file`` opens, each tried on an
+    in-memory copy of the header (read-only, like ``probe``; one KDF run per keyslot): what a key
+    rotation proves before and after it changes a keyslot.
+
+    Returns ``{"keyslots": [ids], "error": None}``; ``error`` says why a keyslot could not be
+    tried (out of memory, an unreadable header), and then the list may be short.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' hana_storage_host.key_slots /dev/vdc /etc/hana-storage/keys/hana.key
+    """
+    path = os.path.realpath(device)
+    try:
+        header = luks_header(device)
+    except CommandExecutionError as error:
+        return {"keyslots": [], "error": f"no readable LUKS header: {error}"}
+    opened, errors = [], []
+    for slot in sorted(int(s["id"]) for s in header.get("keyslots", [])):
+        opens, error = _key_test(path, header, key_file, keyslot=slot)
+        if opens:
+            opened.append(slot)
+        elif error:
+            errors.append(f"keyslot {slot}: {error}")
+    return {"keyslots": opened, "error": "; ".join(errors) or None}
+
+
 def probe(devices, key_file=None):
     """
     What is on each device, as the data-loss guard sees it: signatures (``blkid -p``), partition
@@ -624,9 +669,11 @@ def probe(devices, key_file=None):
     devices
         A device path, a comma-separated list or a list.
     key_file
-        A key file to test LUKS devices with (``cryptsetup open --test-passphrase``).
-        ``key_opens`` is False only when cryptsetup says the key opens no keyslot; when the test
-        itself fails (out of memory, busy ...) it is None and ``key_error`` says why.
+        A key file to test LUKS devices with (``cryptsetup open --test-passphrase``), or a list
+        of them (a volume's key and, while it is rotated, its previous key): ``key_opens`` is True
+        when one of them opens the device, False only when cryptsetup says each opens no keyslot;
+        when a test itself fails (out of memory, busy ...) and no key opened it, it is None and
+        ``key_error`` says why.
 
     CLI Example:
 
@@ -635,6 +682,7 @@ def probe(devices, key_file=None):
         salt '*' hana_storage_host.probe /dev/vdb,/dev/vdc
     """
     devices = [d for d in salt.utils.args.split_input(devices) if d]
+    key_files = [k for k in ([key_file] if isinstance(key_file, str) else key_file or []) if k]
     groups = None  # one `pvs` for all devices, and only if one of them is a PV
     mounts = _mounts()
     probes = {}
@@ -683,8 +731,8 @@ def probe(devices, key_file=None):
             if isinstance(header.get("keyslots"), list):
                 result["luks"]["keyslots"] = len(header["keyslots"])
             # an open LUKS device is judged by who holds it, one without a keyslot opens for nobody
-            if key_file and not result["holders"] and result["luks"].get("keyslots") != 0:
-                result["key_opens"], result["key_error"] = _key_test(name, header, key_file)
+            if key_files and not result["holders"] and result["luks"].get("keyslots") != 0:
+                result["key_opens"], result["key_error"] = _keys_test(f"/dev/{name}", header, key_files)
         if "xfs" in types:
             result["xfs"] = _superblock_of(name)
     return probes

@@ -58,6 +58,12 @@ def _probe(device, key_file=None):
     return __salt__["hana_storage_host.probe"]([device], key_file=key_file)[device]
 
 
+def _key_files(*paths):
+    """The key files of ``paths`` that are in place: a volume's key and, while it is rotated,
+    its previous key; either opening a LUKS device makes it the volume's own."""
+    return [path for path in paths if path and os.path.isfile(path)]
+
+
 def _wipe(ret, device, reason):
     ok, err = _run(_util("commands.wipe")(device))
     if not ok:
@@ -276,10 +282,8 @@ def devices_safe(name, volume):
     ret = _ret(name)
     below = volume["encryption"] == "below_lvm"
     key_file = volume["key"]["file"]
-    key_ready = os.path.isfile(key_file)
-    probes = __salt__["hana_storage_host.probe"](
-        volume["devices"], key_file=key_file if below and key_ready else None
-    )
+    keys = _key_files(key_file, (volume["key"].get("previous") or {}).get("file"))
+    probes = __salt__["hana_storage_host.probe"](volume["devices"], key_file=keys if below and keys else None)
     verdicts = [_util("safety.disk_verdict")(volume, probes[device]) for device in volume["devices"]]
     refused = [v for v in verdicts if v["verdict"] == "refuse"]
     if refused and __opts__["test"] and all(v["code"] == "key_not_tested" for v in refused):
@@ -309,12 +313,23 @@ def devices_safe(name, volume):
 # ---- LUKS ------------------------------------------------------------------------------------
 
 
-def luks_formatted(name, key_file, luks, label, stripe_kib=0, stripes=1, may_wipe=False, created_by=None):
+def luks_formatted(
+    name,
+    key_file,
+    luks,
+    label,
+    stripe_kib=0,
+    stripes=1,
+    may_wipe=False,
+    created_by=None,
+    previous_key_file=None,
+):
     """
-    ``name`` is LUKS2 as the policy says, opened by ``key_file``; a blank device is formatted,
-    one with any other content is refused (or wiped first when ``may_wipe``). "Blank" is not
-    "no signature": plain dm-crypt or a detached-header LUKS shows none. Only a device the state
-    ``created_by`` created in this run, or one whose sampled areas read zero, is blank.
+    ``name`` is LUKS2 as the policy says, opened by ``key_file`` (or, while the key is rotated,
+    by ``previous_key_file``); a blank device is formatted, one with any other content is
+    refused (or wiped first when ``may_wipe``). "Blank" is not "no signature": plain dm-crypt or
+    a detached-header LUKS shows none. Only a device the state ``created_by`` created in this
+    run, or one whose sampled areas read zero, is blank.
 
     label
         The LUKS2 label, also the crypt mapping's name: a device held by it is already ours.
@@ -335,7 +350,7 @@ def luks_formatted(name, key_file, luks, label, stripe_kib=0, stripes=1, may_wip
         if __opts__["test"]:
             return _would(ret, f"would luksFormat {name} once it exists ({what})")
         return _done(ret, f"{name} does not exist", result=False)
-    probe = _probe(name, key_file if os.path.isfile(key_file) else None)
+    probe = _probe(name, _key_files(key_file, previous_key_file) or None)
     verdict = _util("safety.layer_verdict")(
         "luks", probe, may_wipe, own_holders=[label], created_now=_created_in_this_run(created_by)
     )
@@ -359,6 +374,154 @@ def luks_formatted(name, key_file, luks, label, stripe_kib=0, stripes=1, may_wip
     uuid = __salt__["hana_storage_host.luks_header"](name)["uuid"]
     return _done(
         ret, f"formatted {name}: {what}", formatted={"device": name, "luks_uuid": uuid, "format": what}
+    )
+
+
+def _key_slots(device, key_file):
+    return __salt__["hana_storage_host.key_slots"](device, key_file)
+
+
+def _pillar_key_pending(path, pillar):
+    """Does the pillar at ``pillar`` hold other key material than the file ``path`` (which
+    ``key_present`` writes first in a real run)? Only asked with test=True."""
+    material = salt.utils.data.traverse_dict_and_list(__pillar__, pillar, None) if pillar else None
+    if not material:
+        return False
+    try:
+        return not _key_file_matches(path, base64.b64decode(material, validate=True))
+    except (OSError, binascii.Error, ValueError, TypeError):
+        return True
+
+
+def _rotation_ready(ret, name, key_files, pillars):
+    """None when ``name`` and every key file are there, else the state's return (test=True:
+    what it would do once they are, also when a pillar key's file is not written yet)."""
+    missing = [path for path in (name, *key_files) if not os.path.exists(path)]
+    if __opts__["test"]:
+        missing += [
+            p
+            for p, pillar in zip(key_files, pillars, strict=True)
+            if p not in missing and _pillar_key_pending(p, pillar)
+        ]
+    if not missing:
+        return None
+    if __opts__["test"]:
+        return _would(
+            ret, f"{', '.join(missing)} not in place yet: the keyslots of {name} are checked once they are"
+        )
+    return _done(ret, f"{', '.join(missing)} not there: not touching the keyslots of {name}", result=False)
+
+
+def key_enrolled(name, key_file, previous_key_file, pbkdf=None, key_pillar=None, previous_key_pillar=None):
+    """
+    While a volume's key is rotated (``key:previous`` in the pillar): the key in ``key_file``
+    opens the LUKS device ``name``. A device that only the previous key opens gets a keyslot for
+    the key, authorised by the previous key and made with the policy's ``pbkdf``; then the key
+    is proven on it. The previous key's keyslot stays until ``previous_key_removed`` runs, once
+    crypttab names the new key: a run killed at any point leaves a device that one of the two
+    keys opens, and a boot in between unlocks with either.
+
+    key_pillar, previous_key_pillar
+        Where a pillar key's material is (the plan's ``key.pillar``): with test=True a key file
+        that does not hold it yet is one ``key_present`` has still to write.
+    """
+    ret = _ret(name)
+    not_ready = _rotation_ready(ret, name, (key_file, previous_key_file), (key_pillar, previous_key_pillar))
+    if not_ready:
+        return not_ready
+    current = _key_slots(name, key_file)
+    if current["keyslots"]:
+        return _done(ret, f"the key {key_file} opens {name} (keyslots {current['keyslots']})")
+    if current["error"]:
+        return _done(ret, f"cannot tell whether {key_file} opens {name}: {current['error']}", result=False)
+    previous = _key_slots(name, previous_key_file)
+    if not previous["keyslots"]:
+        why = f" ({previous['error']})" if previous["error"] else ""
+        return _done(
+            ret,
+            f"neither the key {key_file} nor the previous key {previous_key_file} opens {name}{why}: "
+            "not adding a keyslot. Nothing was changed.",
+            result=False,
+        )
+    if __opts__["test"]:
+        return _would(
+            ret,
+            f"would add a keyslot for {key_file} to {name}, authorised by the previous key {previous_key_file}",
+        )
+    ok, err = _run(_util("commands.luks_add_key")(name, previous_key_file, key_file, pbkdf or {}))
+    if not ok:
+        return _done(ret, f"cryptsetup luksAddKey {name} failed: {err}", result=False)
+    proven = _key_slots(name, key_file)
+    if not proven["keyslots"]:
+        return _done(
+            ret,
+            f"added a keyslot for {key_file} to {name}, but the key does not open it "
+            f"({proven['error'] or 'refused'}); the previous key's keyslot stays",
+            result=False,
+        )
+    return _done(
+        ret,
+        f"added keyslot {proven['keyslots']} for {key_file} to {name}; the previous key's stays until "
+        "crypttab names the new key",
+        enrolled={"keyslots": proven["keyslots"]},
+    )
+
+
+def previous_key_removed(name, key_file, previous_key_file, key_pillar=None, previous_key_pillar=None):
+    """
+    The end of a key rotation: the previous key (``previous_key_file``) opens no keyslot of the
+    LUKS device ``name`` any more. Its keyslots are removed only while the key in ``key_file``
+    opens another one (proven before and after); a previous key that opens the key's own
+    keyslot is the same key, and nothing is removed. ``key_pillar``, ``previous_key_pillar``: as
+    for ``key_enrolled``.
+    """
+    ret = _ret(name)
+    not_ready = _rotation_ready(ret, name, (key_file, previous_key_file), (key_pillar, previous_key_pillar))
+    if not_ready:
+        return not_ready
+    previous = _key_slots(name, previous_key_file)
+    if previous["error"]:
+        return _done(
+            ret,
+            f"cannot tell which keyslots of {name} the previous key opens: {previous['error']}",
+            result=False,
+        )
+    if not previous["keyslots"]:
+        return _done(ret, f"the previous key {previous_key_file} opens no keyslot of {name}")
+    current = _key_slots(name, key_file)
+    if not current["keyslots"] and __opts__["test"] and not current["error"]:  # key_enrolled adds it first
+        return _would(
+            ret,
+            f"would remove keyslots {previous['keyslots']} of {name} (the previous key's) once the key "
+            f"{key_file} opens another one",
+        )
+    if not current["keyslots"]:
+        why = f" ({current['error']})" if current["error"] else ""
+        return _done(
+            ret,
+            f"the key {key_file} does not open {name}{why}: keeping the previous key's keyslots "
+            f"{previous['keyslots']}, the only way in",
+            result=False,
+        )
+    remove = [slot for slot in previous["keyslots"] if slot not in current["keyslots"]]
+    if not remove:
+        return _done(
+            ret,
+            f"the previous key {previous_key_file} opens the key's own keyslots {previous['keyslots']} of "
+            f"{name}: it is the same key; name the key being rotated away as the previous key",
+            result=False,
+        )
+    if __opts__["test"]:
+        return _would(ret, f"would remove keyslots {remove} of {name} (the previous key's)")
+    removed = []
+    for slot in remove:
+        ok, err = _run(_util("commands.luks_kill_slot")(name, slot, key_file))
+        if not ok:
+            changes = {"removed": {"keyslots": removed}} if removed else {}
+            return _done(ret, f"cryptsetup luksKillSlot {name} {slot} failed: {err}", result=False, **changes)
+        removed.append(slot)
+    return _done(
+        ret, f"removed keyslots {removed} of {name} (the previous key's)", removed={"keyslots": removed}
     )
 
 

@@ -68,6 +68,28 @@ def luks_refresh(name, key_file, flag_options, persistent):
     return [*argv, *(["--persistent"] if persistent else []), name]
 
 
+def luks_add_key(device, key_file, new_key_file, pbkdf):
+    """A new keyslot for the key in ``new_key_file``, authorised by the key in ``key_file``
+    (an existing keyslot's), with the policy's PBKDF."""
+    return [
+        "cryptsetup",
+        "luksAddKey",
+        "--batch-mode",
+        *pbkdf_args(pbkdf),
+        "--key-file",
+        key_file,
+        device,
+        new_key_file,
+    ]
+
+
+def luks_kill_slot(device, keyslot, key_file):
+    """Remove keyslot ``keyslot`` once cryptsetup has checked that the key in ``key_file`` opens
+    another keyslot. It does not check that for the last keyslot (it removes it): the caller
+    must know the key opens another one."""
+    return ["cryptsetup", "luksKillSlot", "--batch-mode", "--key-file", key_file, device, str(keyslot)]
+
+
 def clevis_config(tang):
     """(pin, JSON config) of ``clevis luks bind`` for the plan's ``key.tang``: the tang pin for one
     server, Shamir's sss over tang pins for several. Each server comes with its thumbprint, so

@@ -198,17 +198,52 @@ def _setting(config, volume_name, key):
     return config.get("volume_defaults", {}).get(key), ("volume_defaults", key)
 
 
-def _key_path(key, where):
-    """(the key file's path or None, its key path): a Tang key's file is its recovery key's."""
+def _key_paths(key, where):
+    """[(a key file's path or None, its key path)]: the key's and its previous key's; a Tang
+    key's files are its recovery key's."""
     if key.get("source") == "tang" and isinstance(key.get("recovery"), dict):
-        return key["recovery"].get("path"), (*where, "recovery", "path")
-    return key.get("path"), (*where, "path")
+        return _key_paths(key["recovery"], (*where, "recovery"))
+    paths = [(key.get("path"), (*where, "path"))]
+    if isinstance(key.get("previous"), dict):
+        paths.append((key["previous"].get("path"), (*where, "previous", "path")))
+    return paths
+
+
+def _decoded(material):
+    """The bytes of base64 key material, or None when it is not base64."""
+    try:
+        return base64.b64decode(material, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+
+
+def _previous_key_errors(key, previous, where):
+    """A previous key (the one being rotated away) must be another key than the volume's: were
+    they the same, removing the previous key's keyslot would remove the key's."""
+    source = previous["source"]
+    if source == "keyfile" and "material" in previous:
+        return [f"{keypath(*where, 'material')}: not used with source keyfile; remove it from the pillar"]
+    if source == "pillar" and _decoded(previous.get("material", "")) is None:
+        return [f"{keypath(*where, 'material')}: must be base64 (the value is not shown)"]
+    same = (
+        source == "keyfile" and key.get("source") == "keyfile" and previous.get("path") == key.get("path")
+    ) or (
+        source == "pillar"
+        and key.get("source") == "pillar"
+        and _decoded(previous["material"]) == _decoded(key.get("material", ""))
+    )
+    if same:
+        return [
+            f"{keypath(*where)}: is the key itself; name the key being rotated away here and the new "
+            "key in its place (the values are not shown)"
+        ]
+    return []
 
 
 def _key_errors(key, where):
     errors = []
     if key.get("source") == "tang":
-        for field in ("path", "material"):
+        for field in ("path", "material", "previous"):
             if field in key:
                 errors.append(
                     f"{keypath(*where, field)}: not used with source tang (the recovery key has its own)"
@@ -245,6 +280,8 @@ def _key_errors(key, where):
     for field in ("servers", "threshold", "recovery"):
         if field in key:
             errors.append(f"{keypath(*where, field)}: only used with source tang")
+    if isinstance(key.get("previous"), dict):
+        errors += _previous_key_errors(key, key["previous"], (*where, "previous"))
     return errors
 
 
@@ -264,7 +301,7 @@ def semantic_errors(config, fixable=None):
     key_paths = []
     if config.get("key"):
         errors += _key_errors(config["key"], ("key",))
-        key_paths.append(_key_path(config["key"], ("key",)))
+        key_paths += _key_paths(config["key"], ("key",))
     errors += _options_errors(config.get("volume_defaults", {}), ("volume_defaults",))
 
     device_owner, mountpoints, names = {}, {}, {}
@@ -311,7 +348,7 @@ def semantic_errors(config, fixable=None):
         errors += _options_errors(volume, ("volumes", name))
         if "key" in volume:
             errors += _key_errors(volume["key"], ("volumes", name, "key"))
-            key_paths.append(_key_path(volume["key"], ("volumes", name, "key")))
+            key_paths += _key_paths(volume["key"], ("volumes", name, "key"))
 
         plan = _names(name, volume, _setting(config, name, "encryption")[0])
         for kind, value in plan.items():
@@ -424,10 +461,13 @@ def _names(name, volume, encryption):
     return {"vg": names["vg"], "crypt": crypt_names}
 
 
-def key_file(key, volume_name=None):
-    """Where the key of a volume lives on the minion (a Tang volume's: its recovery key)."""
+def key_file(key, volume_name=None, previous=False):
+    """Where the key of a volume lives on the minion (a Tang volume's: its recovery key);
+    ``previous``: where the key being rotated away lives."""
     if key["source"] == "tang":
-        return key_file(key["recovery"], volume_name)
+        return key_file(key["recovery"], volume_name, previous)
+    if previous:
+        return key_file(key["previous"], f"{volume_name or 'hana'}.previous")
     if key["source"] == "pillar":
         return posixpath.join(PILLAR_KEY_DIR, f"{volume_name or 'hana'}.key")
     return key["path"]
@@ -453,7 +493,14 @@ def _volume_key(name, raw, config):
         "store": secret["source"],  # where the key file comes from: a key store or the pillar
         "pillar": keypath(*secret_at, "material"),
         "crypttab": "none" if key["source"] == "tang" else key_file(key, name if own else None),
+        "previous": None,
     }
+    if "previous" in secret:  # a rotation: the key being rotated away, still opening the devices
+        planned["previous"] = {
+            "file": key_file(key, name if own else None, previous=True),
+            "store": secret["previous"]["source"],
+            "pillar": keypath(*secret_at, "previous", "material"),
+        }
     if key["source"] == "tang":
         planned["tang"] = {
             "servers": [{"url": s["url"], "thumbprint": s["thumbprint"]} for s in key["servers"]],

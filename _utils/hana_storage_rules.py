@@ -513,7 +513,8 @@ class VolumeAudit:
     def _keyslot_rules(self, path, header):
         """Every keyslot that opens the device is one the pillar accounts for: per volume key, one
         for the volume's key (the key file, the pillar key or a Tang volume's recovery key; a
-        re-encryption has two volume keys, each with a copy), and those of the Clevis bindings to
+        re-encryption has two volume keys, each with a copy; a key rotation, the previous key's
+        too), and those of the Clevis bindings to
         the pillar's Tang servers. Another passphrase, or an enrolment by hand (a TPM2 or FIDO2
         token, a Clevis binding on a volume that names no Tang), opens the volume without the key
         store: a back door. A Tang volume's binding to other servers is HANA-KEY-003's.
@@ -529,10 +530,12 @@ class VolumeAudit:
         for slot in header["keyslots"]:
             if slot.get("volume_key") is not None and str(slot["id"]) not in accounted:
                 by_volume_key.setdefault(slot["volume_key"], []).append(slot["id"])
+        # while a key is rotated the previous key's keyslot is accounted for too
+        per_key = 2 if self.volume["key"].get("previous") else 1
         opening = [
             f"keyslot {kid}" + (f" (token {token_of[str(kid)]})" if str(kid) in token_of else "")
             for slots in by_volume_key.values()
-            if len(slots) > 1
+            if len(slots) > per_key
             for kid in slots
         ]
         if opening:

@@ -330,6 +330,42 @@ def test_keyslots_the_pillar_does_not_account_for_are_key_005(make_luks, keyfile
     assert unaccounted() == []
 
 
+def test_while_a_key_is_rotated_the_previous_keys_keyslot_is_accounted_for(make_luks, keyfile, tmp_path):
+    """On a real header: the new key added beside the key in use (the rotation's first step) is
+    no back door while the pillar names the previous key; a third passphrase still is."""
+    import subprocess
+
+    image, new, other = make_luks(), tmp_path / "new.key", tmp_path / "other.key"
+    new.write_bytes(b"n" * 64)
+    other.write_bytes(b"o" * 64)
+    rotating = copy.deepcopy(PILLAR)
+    rotating["key"] = {
+        "source": "keyfile",
+        "path": str(new),
+        "previous": {"source": "keyfile", "path": KEY_FILE},
+    }
+    facts = compliant()
+    cheap = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"]
+
+    def unaccounted(pillar):
+        summary = luks.parse_header(luks.reader_for(image.read_bytes()))
+        facts["headers"]["dm-0"] = dict(facts["headers"]["dm-0"], keyslots=summary["keyslots"])
+        report = rules.audit(plan_of(pillar), facts)
+        return [f["actual"] for f in report["findings"] if f["rule"] == "HANA-KEY-005"]
+
+    subprocess.run(
+        ["cryptsetup", "-q", "luksAddKey", *cheap, "--key-file", str(keyfile), str(image), str(new)],
+        check=True,
+    )
+    assert unaccounted(rotating) == []
+    assert unaccounted(PILLAR) == [["keyslot 0", "keyslot 1"]]  # the rotation's pillar is gone: say so
+    subprocess.run(
+        ["cryptsetup", "-q", "luksAddKey", *cheap, "--key-file", str(keyfile), str(image), str(other)],
+        check=True,
+    )
+    assert unaccounted(rotating) == [["keyslot 0", "keyslot 1", "keyslot 2"]]
+
+
 BACKUPS = "/var/lib/hana-storage/luks-headers"
 
 

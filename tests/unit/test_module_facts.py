@@ -60,3 +60,40 @@ def test_no_devices_is_an_empty_table(module, monkeypatch):
     module.driver.touch()
     answer(module, monkeypatch, "No devices found\n")
     assert module.dm_tables() == {} and module.runs == [["dmsetup", "table"]]
+
+
+def test_key_slots_names_the_keyslots_a_key_opens_on_a_real_header_without_writing_it(
+    module, make_luks, keyfile, tmp_path
+):
+    """The rotation's proof: which keyslot each key opens, tried by the real cryptsetup on an
+    in-memory copy of the header; the image is not changed by a byte."""
+    import hashlib
+    import subprocess
+
+    import hana_storage_luks as luks
+
+    module.__utils__["hana_storage_luks.parse_header"] = luks.parse_header
+    module.__salt__ = {
+        "cmd.run_all": lambda argv, **kwargs: {
+            "retcode": (done := subprocess.run(argv, capture_output=True, text=True)).returncode,
+            "stdout": done.stdout,
+            "stderr": done.stderr,
+        }
+    }
+    image, new, other = make_luks(kdf="pbkdf2"), tmp_path / "new.key", tmp_path / "other.key"
+    new.write_bytes(b"n" * 64)
+    other.write_bytes(b"o" * 64)
+    cheap = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"]
+    subprocess.run(
+        ["cryptsetup", "-q", "luksAddKey", *cheap, "--key-file", str(keyfile), str(image), str(new)],
+        check=True,
+    )
+    before = hashlib.sha256(image.read_bytes()).hexdigest()
+    assert module.key_slots(str(image), str(keyfile)) == {"keyslots": [0], "error": None}
+    assert module.key_slots(str(image), str(new)) == {"keyslots": [1], "error": None}
+    assert module.key_slots(str(image), str(other)) == {"keyslots": [], "error": None}
+    assert hashlib.sha256(image.read_bytes()).hexdigest() == before
+    not_luks = tmp_path / "blank.img"
+    not_luks.write_bytes(bytes(1 << 20))
+    got = module.key_slots(str(not_luks), str(keyfile))
+    assert got["keyslots"] == [] and got["error"].startswith("no readable LUKS header")

@@ -75,8 +75,104 @@ def test_good_pillar_is_valid_and_normalises():
         "store": "pillar",
         "pillar": "hana:storage:key:material",
         "crypttab": "/run/hana-storage/keys/hana.key",
+        "previous": None,
     }
     assert KEY not in json.dumps(plan)
+
+
+PREVIOUS = base64.b64encode(b"p" * 32).decode()
+
+
+def test_a_key_being_rotated_names_its_previous_key_in_the_plan_without_material():
+    pillar = dict(
+        GOOD,
+        key={"source": "pillar", "material": KEY, "previous": {"source": "pillar", "material": PREVIOUS}},
+    )
+    pillar["volumes"] = dict(
+        GOOD["volumes"],
+        shared=dict(
+            GOOD["volumes"]["shared"],
+            key={
+                "source": "keyfile",
+                "path": "/etc/keys/shared-2.key",
+                "previous": {"source": "keyfile", "path": "/etc/keys/shared-1.key"},
+            },
+        ),
+    )
+    assert errors_of(pillar) == []
+    plan = hp.normalize(hp.merge(DEFAULTS, pillar))
+    assert plan["volumes"]["data"]["key"]["previous"] == {
+        "file": "/run/hana-storage/keys/hana.previous.key",
+        "store": "pillar",
+        "pillar": "hana:storage:key:previous:material",
+    }
+    assert plan["volumes"]["shared"]["key"]["previous"] == {
+        "file": "/etc/keys/shared-1.key",
+        "store": "keyfile",
+        "pillar": "hana:storage:volumes:shared:key:previous:material",
+    }
+    assert plan["volumes"]["shared"]["key"]["crypttab"] == "/etc/keys/shared-2.key"
+    assert PREVIOUS not in json.dumps(plan) and KEY not in json.dumps(plan)
+
+
+def test_a_tang_volume_rotates_its_recovery_key():
+    tang = {
+        "source": "tang",
+        "servers": [{"url": "http://tang.example:7500", "thumbprint": "a" * 43}],
+        "recovery": {
+            "source": "keyfile",
+            "path": "/etc/keys/recovery-2.key",
+            "previous": {"source": "keyfile", "path": "/etc/keys/recovery-1.key"},
+        },
+    }
+
+    def with_data_key(key):
+        return dict(GOOD, volumes=dict(GOOD["volumes"], data=dict(GOOD["volumes"]["data"], key=key)))
+
+    assert errors_of(with_data_key(tang)) == []
+    plan = hp.normalize(hp.merge(DEFAULTS, with_data_key(tang)))
+    assert plan["volumes"]["data"]["key"]["file"] == "/etc/keys/recovery-2.key"
+    assert plan["volumes"]["data"]["key"]["previous"]["file"] == "/etc/keys/recovery-1.key"
+    wrong = dict(tang, previous={"source": "keyfile", "path": "/etc/keys/old.key"})
+    assert errors_of(with_data_key(wrong)) == [
+        "hana:storage:volumes:data:key:previous: not used with source tang (the recovery key has its own)"
+    ]
+
+
+@pytest.mark.parametrize(
+    "key, error",
+    [
+        (
+            {"source": "keyfile", "path": "/etc/k", "previous": {"source": "keyfile", "path": "/etc/k"}},
+            "hana:storage:key:previous: is the key itself; name the key being rotated away here and the new "
+            "key in its place (the values are not shown)",
+        ),
+        (
+            {"source": "pillar", "material": KEY, "previous": {"source": "pillar", "material": KEY}},
+            "hana:storage:key:previous: is the key itself; name the key being rotated away here and the new "
+            "key in its place (the values are not shown)",
+        ),
+        (
+            {
+                "source": "pillar",
+                "material": KEY,
+                "previous": {"source": "pillar", "material": "not base64!"},
+            },
+            "hana:storage:key:previous:material: must be base64 (the value is not shown)",
+        ),
+        (
+            {
+                "source": "keyfile",
+                "path": "/etc/k",
+                "previous": {"source": "keyfile", "path": "/hana/data/old.key"},
+            },
+            "hana:storage:key:previous:path: /hana/data/old.key lies inside the HANA mountpoint /hana/data "
+            "(volume 'data'); a key must never sit on the device it unlocks",
+        ),
+    ],
+)
+def test_a_previous_key_must_be_another_key_kept_off_the_volumes(key, error):
+    assert error in errors_of(dict(GOOD, key=key))
 
 
 def test_pillar_example_is_valid():

@@ -17,10 +17,19 @@ TANG = {
 }
 
 
-def luks_states(tmp_path, storage):
+def rendered(tmp_path, storage, sls="luks.sls"):
     plan = hp.normalize(hp.merge(DEFAULTS, storage))
     settings = {"hana_storage.settings": lambda host_checks=True: {"valid": True, "config": plan}}
-    return salt.utils.yaml.safe_load(render(tmp_path, "luks.sls", "Suse", functions=settings))
+    return salt.utils.yaml.safe_load(render(tmp_path, sls, "Suse", functions=settings))
+
+
+def luks_states(tmp_path, storage):
+    return rendered(tmp_path, storage)
+
+
+def requires(step):
+    (require,) = [arg["require"] for arg in step if "require" in arg]
+    return [state_id for requisite in require for state_id in requisite.values()]
 
 
 def storage(**extra):
@@ -50,3 +59,56 @@ def test_the_header_is_backed_up_after_its_keyslots_and_flags_are_in_place(tmp_p
     if key == "tang":
         tang = states["hana-storage-data-tang-0"]["hana_storage.tang_bound"]
         assert {"header_backup": "/var/lib/hana-storage/luks-headers/hana_data.luks-header"} in tang
+
+
+def test_no_rotation_steps_unless_the_pillar_names_a_previous_key(tmp_path):
+    everything = {}
+    for sls in ("keys.sls", "guard.sls", "luks.sls", "crypttab.sls"):
+        everything.update(rendered(tmp_path, storage(), sls))
+    assert not [s for s in everything if "rekey" in s or "retire" in s or s.endswith("-previous")]
+
+
+@pytest.mark.parametrize("key", ["keyfile", "pillar", "tang"])
+def test_a_rotation_adds_the_key_before_opening_and_removes_the_previous_once_crypttab_names_it(
+    tmp_path, key
+):
+    """The order that keeps every device opening with one key or both, and a boot in between
+    unlocking: previous key in place -> guard -> new keyslot (proven) -> open -> crypttab names the
+    new key -> previous keyslot removed -> header backup of the final keyslots."""
+    previous = {"source": "keyfile", "path": "/etc/hana-storage/keys/old.key"}
+    new = {
+        "keyfile": {"source": "keyfile", "path": "/etc/hana-storage/keys/new.key", "previous": previous},
+        "pillar": {"source": "pillar", "material": "bmV3" * 16, "previous": previous},
+        "tang": dict(TANG, recovery=dict(TANG["recovery"], previous=previous)),
+    }[key]
+    pillar = storage(key=new, header_backup={"directory": "/var/lib/hana-storage/luks-headers"})
+    states = {}
+    for sls in ("keys.sls", "guard.sls", "luks.sls", "crypttab.sls"):
+        states.update(rendered(tmp_path, pillar, sls))
+    key_file = {"keyfile": "/etc/hana-storage/keys/new.key", "pillar": "/run/hana-storage/keys/hana.key",
+                "tang": "/etc/hana-storage/keys/recovery.key"}[key]  # fmt: skip
+    assert {"name": "/etc/hana-storage/keys/old.key"} in states["hana-storage-key-default-previous"][
+        "hana_storage.key_present"
+    ]
+    assert "hana-storage-key-default-previous" in requires(
+        states["hana-storage-log-guard"]["hana_storage.devices_safe"]
+    )
+    for volume, device in (("data", "/dev/vg_hana_data/lv_hana_data"), ("log", "/dev/mapper/mpathc")):
+        formatted = states[f"hana-storage-{volume}-luks-0"]["hana_storage.luks_formatted"]
+        assert {"previous_key_file": "/etc/hana-storage/keys/old.key"} in formatted
+        rekey = states[f"hana-storage-{volume}-rekey-0"]["hana_storage.key_enrolled"]
+        assert {"name": device} in rekey and {"key_file": key_file} in rekey
+        assert {"previous_key_file": "/etc/hana-storage/keys/old.key"} in rekey
+        assert requires(rekey) == [f"hana-storage-{volume}-luks-0"]
+        assert requires(states[f"hana-storage-{volume}-open-0"]["hana_storage.luks_opened"]) == [
+            f"hana-storage-{volume}-rekey-0"
+        ]
+        retire = states[f"hana-storage-{volume}-retire-0"]["hana_storage.previous_key_removed"]
+        assert {"name": device} in retire and {"key_file": key_file} in retire
+        assert requires(retire) == [f"hana-storage-{volume}-crypttab-0"]
+        backup = requires(states[f"hana-storage-{volume}-header-backup-0"]["hana_storage.header_backed_up"])
+        assert f"hana-storage-{volume}-retire-0" in backup
+        if key == "tang":
+            assert requires(states[f"hana-storage-{volume}-tang-0"]["hana_storage.tang_bound"]) == [
+                f"hana-storage-{volume}-rekey-0"
+            ]

@@ -539,7 +539,7 @@ def test_devices_safe_tries_the_key_on_luks_disks_below_lvm(salt_functions, tmp_
     probes(salt_functions, vdc={**CLOSED_LUKS, "key_opens": True}, vdd={**CLOSED_LUKS, "key_opens": True})
     ret = states.devices_safe("data", plan_volume("below_lvm", key_file=str(key)))
     assert ret["result"] is True and ret["changes"] == {}
-    salt_functions["hana_storage_host.probe"].assert_called_once_with(DISKS, key_file=str(key))
+    salt_functions["hana_storage_host.probe"].assert_called_once_with(DISKS, key_file=[str(key)])
     assert_nothing_done(salt_functions)
 
 
@@ -607,7 +607,7 @@ def test_luks_formatted_formats_a_blank_lv_with_the_policy(salt_functions, lv_pr
     assert ret["result"] is True
     assert argvs_run(salt_functions) == [luks_format_argv(str(key))]
     assert ret["changes"] == {"formatted": {"device": LV, "luks_uuid": "u-1", "format": LUKS_WHAT}}
-    salt_functions["hana_storage_host.probe"].assert_called_once_with([LV], key_file=str(key))
+    salt_functions["hana_storage_host.probe"].assert_called_once_with([LV], key_file=[str(key)])
 
 
 def test_luks_formatted_starts_the_payload_on_a_full_stripe(salt_functions, lv_probe):
@@ -1504,3 +1504,172 @@ def test_tang_bound_backs_the_header_up_again_after_binding(
         ["cryptsetup", "luksHeaderBackup", str(image)],
     ]
     assert backup_state(real_headers, backup, image) is None
+
+
+# ---- key rotation: key_enrolled, previous_key_removed ----------------------------------------------
+
+
+@pytest.fixture
+def rotation(salt_functions, monkeypatch, tmp_path):
+    """A LUKS device whose keyslots the fake cryptsetup changes: ``slots`` maps each keyslot to
+    the key file that opens it; luksAddKey and luksKillSlot change it as cryptsetup would."""
+    new, old = tmp_path / "new.key", tmp_path / "old.key"
+    new.write_bytes(b"n" * 64)
+    old.write_bytes(b"o" * 64)
+    fake_paths(monkeypatch, present=[LV])
+    slots = {0: str(old)}
+
+    def key_slots(device, key_file):
+        assert device == LV
+        return {"keyslots": sorted(s for s, k in slots.items() if k == key_file), "error": None}
+
+    def cryptsetup(argv, **kwargs):
+        if argv[1] == "luksAddKey":
+            assert argv[argv.index("--key-file") + 1] in slots.values()  # authorised by a key that opens it
+            slots[max(slots) + 1] = argv[-1]
+        elif argv[1] == "luksKillSlot":
+            del slots[int(argv[-1])]
+        return {"retcode": 0, "stdout": "", "stderr": ""}
+
+    salt_functions["hana_storage_host.key_slots"] = MagicMock(side_effect=key_slots)
+    salt_functions["cmd.run_all"].side_effect = cryptsetup
+    return {"new": str(new), "old": str(old), "slots": slots}
+
+
+PBKDF = {"type": "argon2id", "memory_kib": 65536}
+
+
+def test_key_enrolled_adds_the_new_key_authorised_by_the_previous_and_proves_it(salt_functions, rotation):
+    ret = states.key_enrolled(LV, rotation["new"], rotation["old"], PBKDF)
+    assert ret["result"] is True and ret["changes"] == {"enrolled": {"keyslots": [1]}}, ret
+    assert argvs_run(salt_functions) == [
+        ["cryptsetup", "luksAddKey", "--batch-mode", "--pbkdf", "argon2id", "--pbkdf-memory", "65536",
+         "--key-file", rotation["old"], LV, rotation["new"]]
+    ]  # fmt: skip
+    assert rotation["slots"] == {0: rotation["old"], 1: rotation["new"]}  # the previous key's stays
+    again = states.key_enrolled(LV, rotation["new"], rotation["old"], PBKDF)
+    assert again["result"] is True and again["changes"] == {}, again
+
+
+def test_key_enrolled_in_test_mode_adds_nothing(salt_functions, rotation, dry_run):
+    ret = states.key_enrolled(LV, rotation["new"], rotation["old"], PBKDF)
+    assert ret["result"] is None and ret["changes"] == {}
+    assert ret["comment"].startswith(f"would add a keyslot for {rotation['new']} to {LV}")
+    assert_nothing_done(salt_functions)
+
+
+def test_key_enrolled_refuses_a_device_neither_key_opens(salt_functions, rotation):
+    rotation["slots"].clear()
+    rotation["slots"][0] = "/somebody/else.key"
+    ret = states.key_enrolled(LV, rotation["new"], rotation["old"], PBKDF)
+    assert ret["result"] is False and ret["changes"] == {}
+    assert "neither the key" in ret["comment"] and "Nothing was changed" in ret["comment"]
+    assert_nothing_done(salt_functions)
+
+
+def test_key_enrolled_fails_when_the_added_key_does_not_open_and_keeps_the_previous(salt_functions, rotation):
+    salt_functions["cmd.run_all"].side_effect = None  # luksAddKey "succeeds" but adds nothing
+    ret = states.key_enrolled(LV, rotation["new"], rotation["old"], PBKDF)
+    assert ret["result"] is False and "the previous key's keyslot stays" in ret["comment"]
+    assert rotation["slots"] == {0: rotation["old"]}
+
+
+def test_key_enrolled_says_why_when_the_key_test_itself_fails(salt_functions, rotation):
+    salt_functions["hana_storage_host.key_slots"].side_effect = None
+    salt_functions["hana_storage_host.key_slots"].return_value = {
+        "keyslots": [],
+        "error": "keyslot 0: cryptsetup exited 3 (out of memory)",
+    }
+    ret = states.key_enrolled(LV, rotation["new"], rotation["old"], PBKDF)
+    assert ret["result"] is False and "out of memory" in ret["comment"]
+    assert_nothing_done(salt_functions)
+
+
+@pytest.mark.parametrize("test", [True, False], ids=["test", "apply"])
+def test_rotation_states_wait_for_their_key_files(salt_functions, rotation, opts, test, tmp_path):
+    opts["test"] = test
+    missing = str(tmp_path / "not-written-yet.key")
+    for state in (states.key_enrolled, states.previous_key_removed):
+        ret = state(LV, rotation["new"], missing)
+        assert ret["result"] is (None if test else False) and ret["changes"] == {}
+        assert missing in ret["comment"]
+    assert_nothing_done(salt_functions)
+
+
+def test_previous_key_removed_kills_only_the_previous_keys_slot(salt_functions, rotation):
+    rotation["slots"][1] = rotation["new"]
+    ret = states.previous_key_removed(LV, rotation["new"], rotation["old"])
+    assert ret["result"] is True and ret["changes"] == {"removed": {"keyslots": [0]}}, ret
+    assert argvs_run(salt_functions) == [
+        ["cryptsetup", "luksKillSlot", "--batch-mode", "--key-file", rotation["new"], LV, "0"]
+    ]
+    assert rotation["slots"] == {1: rotation["new"]}
+    again = states.previous_key_removed(LV, rotation["new"], rotation["old"])
+    assert again["result"] is True and again["changes"] == {}
+    assert "opens no keyslot" in again["comment"]
+
+
+def test_previous_key_removed_in_test_mode_removes_nothing(salt_functions, rotation, dry_run):
+    rotation["slots"][1] = rotation["new"]
+    ret = states.previous_key_removed(LV, rotation["new"], rotation["old"])
+    assert (
+        ret["result"] is None and ret["comment"] == f"would remove keyslots [0] of {LV} (the previous key's)"
+    )
+    assert_nothing_done(salt_functions)
+
+
+def test_previous_key_removed_never_removes_the_last_way_in(salt_functions, rotation):
+    """The new key was never enrolled (its state failed, or it was killed before): the previous
+    key's keyslot is the only one that opens the device."""
+    ret = states.previous_key_removed(LV, rotation["new"], rotation["old"])
+    assert ret["result"] is False and ret["changes"] == {}
+    assert "keeping the previous key's keyslots [0], the only way in" in ret["comment"]
+    assert_nothing_done(salt_functions)
+
+
+def test_previous_key_removed_refuses_when_both_name_the_same_key(salt_functions, rotation):
+    same = rotation["old"]
+    ret = states.previous_key_removed(LV, same, rotation["old"])
+    assert ret["result"] is False and "it is the same key" in ret["comment"]
+    assert_nothing_done(salt_functions)
+
+
+def test_devices_safe_and_luks_formatted_count_luks_the_previous_key_opens_as_the_volumes(
+    salt_functions, monkeypatch, tmp_path
+):
+    """Mid-rotation the devices open with the previous key only: still the volume's own, never
+    foreign LUKS to refuse or, with allow_format, to wipe."""
+    new, old = tmp_path / "new.key", tmp_path / "old.key"
+    new.write_bytes(b"n" * 64)
+    old.write_bytes(b"o" * 64)
+    volume = plan_volume("below_lvm", may_format=DISKS, key_file=str(new))
+    volume["key"]["previous"] = {"file": str(old)}
+    probes(salt_functions, vdc={**CLOSED_LUKS, "key_opens": True}, vdd={**CLOSED_LUKS, "key_opens": True})
+    ret = states.devices_safe("data", volume)
+    assert ret["result"] is True and ret["changes"] == {}, ret
+    salt_functions["hana_storage_host.probe"].assert_called_once_with(DISKS, key_file=[str(new), str(old)])
+    fake_paths(monkeypatch, present=[LV])
+    salt_functions["hana_storage_host.probe"].return_value = {LV: probe(LV, **CLOSED_LUKS, key_opens=True)}
+    ret = states.luks_formatted(LV, str(new), LUKS, "hana_data", may_wipe=True, previous_key_file=str(old))
+    assert ret["result"] is True and ret["changes"] == {}, ret
+    salt_functions["hana_storage_host.probe"].assert_called_with([LV], key_file=[str(new), str(old)])
+    assert_nothing_done(salt_functions)
+
+
+def test_in_test_mode_a_pillar_key_not_written_yet_is_not_tried(salt_functions, rotation, dry_run):
+    """The ramfs still holds the previous material under the key's name: trying it would say
+    "the key opens it" where the real run first writes the new key, then adds its keyslot."""
+    stale = rotation["old"]
+    os.chmod(stale, 0o400)
+    ret = states.key_enrolled(LV, stale, rotation["old"], PBKDF, key_pillar=KEY_PILLAR)
+    assert ret["result"] is None and ret["comment"].startswith(f"{stale} not in place yet"), ret
+    salt_functions["hana_storage_host.key_slots"].assert_not_called()
+    assert_nothing_done(salt_functions)
+
+
+def test_previous_key_removed_in_test_mode_before_the_new_key_is_enrolled(salt_functions, rotation, dry_run):
+    """test=True on a rotation not begun: key_enrolled would add the new key first, so this is
+    what the real run does, not a failure."""
+    ret = states.previous_key_removed(LV, rotation["new"], rotation["old"])
+    assert ret["result"] is None and ret["comment"].startswith(f"would remove keyslots [0] of {LV}"), ret
+    assert_nothing_done(salt_functions)

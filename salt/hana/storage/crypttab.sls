@@ -3,6 +3,8 @@
 # /etc/crypttab by LUKS UUID, with the options that reproduce the dm-crypt flags at boot.
 # Tang volumes (key file "none", _netdev) unlock at boot through Clevis's password agent once
 # the network is up: its path unit and remote-cryptsetup.target are enabled.
+# A key rotation (key:previous) ends here: once crypttab names the new key, the previous key's
+# keyslots are removed, so a boot at any point of it unlocks with the key crypttab names.
 ---
 {%- from "hana/storage/map.jinja" import hana_storage with context %}
 {%- if hana_storage.valid %}
@@ -17,6 +19,22 @@ hana-storage-{{ name }}-crypttab-{{ loop.index0 }}:
     - options: {{ volume.crypttab_options | json }}
     - require:
       - hana_storage: hana-storage-{{ name }}-open-{{ loop.index0 }}
+{%-       if volume.key.previous %}
+
+hana-storage-{{ name }}-retire-{{ loop.index0 }}:
+  hana_storage.previous_key_removed:
+    - name: {{ crypt.device }}
+    - key_file: {{ volume.key.file }}
+    - previous_key_file: {{ volume.key.previous.file }}
+{%-       if volume.key.store == 'pillar' %}
+    - key_pillar: {{ volume.key.pillar }}
+{%-       endif %}
+{%-       if volume.key.previous.store == 'pillar' %}
+    - previous_key_pillar: {{ volume.key.previous.pillar }}
+{%-       endif %}
+    - require:
+      - hana_storage: hana-storage-{{ name }}-crypttab-{{ loop.index0 }}
+{%-       endif %}
 {%-     endfor %}
 {%-   endfor %}
 {%-   if hana_storage.config.volumes.values() | selectattr('key.source', 'equalto', 'tang') | list %}

@@ -13,5 +13,8 @@ hana-storage-{{ name }}-guard:
     - volume: {{ volume | json }}
     - require:
       - hana_storage: hana-storage-key-{{ volume.key.id }}
+{%-     if volume.key.previous %}
+      - hana_storage: hana-storage-key-{{ volume.key.id }}-previous
+{%-     endif %}
 {%-   endfor %}
 {%- endif %}

@@ -1,6 +1,7 @@
 # -*- coding: utf-8 -*-
 # vim: ft=sls
-# One state per distinct key: a pillar key goes to tmpfs (0400), a key file is made root-only.
+# One state per distinct key: a pillar key goes to a ramfs (0400), a key file is made root-only.
+# While a key is rotated (key:previous), the previous key is made available the same way.
 ---
 {%- from "hana/storage/map.jinja" import hana_storage with context %}
 {%- if hana_storage.valid %}
@@ -17,5 +18,15 @@ hana-storage-key-{{ id }}:
     - pillar: {{ key.pillar }}
     - require:
       - hana_storage: hana-storage-pillar-valid
+{%-     if key.previous %}
+
+hana-storage-key-{{ id }}-previous:
+  hana_storage.key_present:
+    - name: {{ key.previous.file }}
+    - source: {{ key.previous.store }}
+    - pillar: {{ key.previous.pillar }}
+    - require:
+      - hana_storage: hana-storage-pillar-valid
+{%-     endif %}
 {%-   endfor %}
 {%- endif %}

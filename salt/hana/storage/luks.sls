@@ -4,6 +4,8 @@
 # Below LVM, what an opened device holds is checked before pvcreate (lvm.sls) may wipe it.
 # A Tang volume's devices are bound with Clevis (the recovery key's keyslot stays). With
 # header_backup, each device's header is backed up once its keyslots and flags are in place.
+# While the key is rotated (key:previous), each device gets a keyslot for the new key before it
+# is opened; the previous key's goes once crypttab names the new key (crypttab.sls).
 ---
 {%- from "hana/storage/map.jinja" import hana_storage with context %}
 {%- if hana_storage.valid %}
@@ -25,8 +27,29 @@ hana-storage-{{ name }}-luks-{{ loop.index0 }}:
 {%-       if above %}
     - created_by: hana-storage-{{ name }}-lv
 {%-       endif %}
+{%-       if volume.key.previous %}
+    - previous_key_file: {{ volume.key.previous.file }}
+{%-       endif %}
     - require:
       - hana_storage: hana-storage-{{ name }}-{{ 'lv-active' if above else 'guard' }}
+{%-       set keyslots = 'rekey' if volume.key.previous else 'luks' %}
+{%-       if volume.key.previous %}
+
+hana-storage-{{ name }}-rekey-{{ loop.index0 }}:
+  hana_storage.key_enrolled:
+    - name: {{ crypt.device }}
+    - key_file: {{ volume.key.file }}
+    - previous_key_file: {{ volume.key.previous.file }}
+{%-       if volume.key.store == 'pillar' %}
+    - key_pillar: {{ volume.key.pillar }}
+{%-       endif %}
+{%-       if volume.key.previous.store == 'pillar' %}
+    - previous_key_pillar: {{ volume.key.previous.pillar }}
+{%-       endif %}
+    - pbkdf: {{ luks.pbkdf | json }}
+    - require:
+      - hana_storage: hana-storage-{{ name }}-luks-{{ loop.index0 }}
+{%-       endif %}
 {%-       if volume.key.source == 'tang' %}
 
 hana-storage-{{ name }}-tang-{{ loop.index0 }}:
@@ -36,7 +59,7 @@ hana-storage-{{ name }}-tang-{{ loop.index0 }}:
     - tang: {{ volume.key.tang | json }}
     - header_backup: {{ crypt.header_backup | json }}
     - require:
-      - hana_storage: hana-storage-{{ name }}-luks-{{ loop.index0 }}
+      - hana_storage: hana-storage-{{ name }}-{{ keyslots }}-{{ loop.index0 }}
 {%-       endif %}
 
 hana-storage-{{ name }}-open-{{ loop.index0 }}:
@@ -46,7 +69,7 @@ hana-storage-{{ name }}-open-{{ loop.index0 }}:
     - key_file: {{ volume.key.file }}
     - flags: {{ luks.flags | json }}
     - require:
-      - hana_storage: hana-storage-{{ name }}-luks-{{ loop.index0 }}
+      - hana_storage: hana-storage-{{ name }}-{{ keyslots }}-{{ loop.index0 }}
 {%-       if crypt.header_backup %}
 
 hana-storage-{{ name }}-header-backup-{{ loop.index0 }}:
@@ -57,6 +80,9 @@ hana-storage-{{ name }}-header-backup-{{ loop.index0 }}:
       - hana_storage: hana-storage-{{ name }}-open-{{ loop.index0 }}
 {%-         if volume.key.source == 'tang' %}
       - hana_storage: hana-storage-{{ name }}-tang-{{ loop.index0 }}
+{%-         endif %}
+{%-         if volume.key.previous %}
+      - hana_storage: hana-storage-{{ name }}-retire-{{ loop.index0 }}
 {%-         endif %}
 {%-       endif %}
 {%-       if not above %}
