@@ -12,6 +12,7 @@ user network), their recovery key a pillar key on a ramfs. The host's own boot p
 kinds with no Salt; with Tang unreachable only the Tang volumes stay locked.
 """
 
+import base64
 import json
 
 import pytest
@@ -68,9 +69,19 @@ def vm(request, tang):
 
 @pytest.fixture(scope="module")
 def built(vm):
-    applied = vm.salt(
-        "state.apply hana.storage", title="state.apply: the lab layout, key file and Tang, no AES-NI"
+    # every process's argv, sampled while clevis binds: a key must never be in one
+    vm.run(
+        "(while [ ! -e /run/stop-sampling ]; do cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '; echo; "
+        "sleep 0.1; done) >/run/cmdlines.txt 2>&1 &",
+        check=True,
+        echo=False,
     )
+    try:
+        applied = vm.salt(
+            "state.apply hana.storage", title="state.apply: the lab layout, key file and Tang, no AES-NI"
+        )
+    finally:
+        vm.run("touch /run/stop-sampling", echo=False)
     assert applied.retcode == 0, [s["comment"] for s in applied.ret.values() if s["result"] is not True]
     return applied
 
@@ -116,10 +127,18 @@ def test_the_tang_volumes_are_bound_and_unlock_without_a_key_file(vm, built, tan
         assert (keyfile, "_netdev" in options) == (
             ("none", True) if name in TANG_CRYPTS else (KEY_FILE, False)
         )
-    # the recovery key (the pillar's) is nowhere but its ramfs
-    assert (
-        vm.key_b64() not in json.dumps(built.ret) + vm.run("cat /etc/crypttab /etc/fstab", echo=False).output
+    # the recovery key (the pillar's) and the key file's key are nowhere but their files: not in
+    # an argv while clevis bound the devices, the minion's debug log, crypttab, fstab, the returns
+    cmdlines = vm.run("cat /run/cmdlines.txt", echo=False).output
+    assert "clevis" in cmdlines  # sampled while it bound
+    text = (
+        json.dumps(built.ret)
+        + cmdlines
+        + vm.run("cat /etc/crypttab /etc/fstab /run/salt/minion.log", echo=False).output
     )
+    raw = base64.b64decode(vm.key_b64())
+    for needle in (vm.key_b64(), raw.hex(), raw.hex().upper()):
+        assert needle not in text
 
 
 def test_key_findings_are_found_and_the_auto_ones_remediated(vm, built, tang):

@@ -162,6 +162,28 @@ def test_test_mode_says_what_the_rotation_would_do_and_changes_nothing(vm, keys)
 
 def test_a_rotation_killed_after_each_step_always_leaves_devices_that_open(vm, keys):
     vm.set_pillar(storage(vm, keys, rotating=True))
+    # every process's argv, sampled while the rotation runs: a key must never be in one
+    vm.run(
+        "(while [ ! -e /run/stop-sampling ]; do cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '; echo; "
+        "sleep 0.2; done) >/run/cmdlines.txt 2>&1 &",
+        check=True,
+        echo=False,
+    )
+    try:
+        steps = rotate_killing_after_each_step(vm)
+    finally:
+        vm.run("touch /run/stop-sampling", echo=False)
+    print("\nkilled right after:\n  " + "\n  ".join(steps))
+    # each device's new keyslot, then its removal, seen right after a kill; crypttab's new key
+    for device in DEVICES:
+        added = next(i for i, step in enumerate(steps) if f"{device} has 2 keyslots" in step)
+        assert any(f"{device} has 1 keyslots" in step for step in steps[added + 1 :]), steps
+    assert any(f"crypttab: hana_data {DATA_NEW}" in step for step in steps), steps
+
+
+def rotate_killing_after_each_step(vm):
+    """Applies killed right after their next step until one finds nothing left to do: what each
+    step changed, checked after each kill."""
     steps = []
     for n in range(MAX_APPLIES):
         vm.run(
@@ -187,15 +209,8 @@ def test_a_rotation_killed_after_each_step_always_leaves_devices_that_open(vm, k
             # what a boot now would unlock data with (log's pillar key is on a ramfs: noauto)
             assert crypttab_key(vm, "hana_data") in opens[DATA_LV], (step, opens)
         if "ENDED" in out:  # nothing was left to do, or its last step was its end
-            break
-    else:
-        pytest.fail(f"{MAX_APPLIES} applies did not finish the rotation: {steps}")
-    print("\nkilled right after:\n  " + "\n  ".join(steps))
-    # each device's new keyslot, then its removal, seen right after a kill; crypttab's new key
-    for device in DEVICES:
-        added = next(i for i, step in enumerate(steps) if f"{device} has 2 keyslots" in step)
-        assert any(f"{device} has 1 keyslots" in step for step in steps[added + 1 :]), steps
-    assert any(f"crypttab: hana_data {DATA_NEW}" in step for step in steps), steps
+            return steps
+    pytest.fail(f"{MAX_APPLIES} applies did not finish the rotation: {steps}")
 
 
 @pytest.fixture(scope="module")
@@ -223,11 +238,16 @@ def test_the_audit_is_compliant_with_current_header_backups(vm, finished):
     assert report["compliant"] is True, json.dumps(report["findings"], indent=1)[:3000]
 
 
-def test_no_key_material_in_the_returns(vm, keys, finished):
-    text = json.dumps(finished.ret)
+def test_no_key_material_in_argv_the_minion_log_or_the_returns(vm, keys, finished):
+    cmdlines = vm.run("cat /run/cmdlines.txt", echo=False).output
+    assert "cryptsetup" in cmdlines  # sampled while the rotation ran
+    log = vm.run("cat /run/salt/minion.log", echo=False).output
+    assert "DEBUG" in log  # the minion really logs at debug level
+    text = cmdlines + log + json.dumps(finished.ret)
     for material in keys.values():
-        assert material not in text
-        assert base64.b64decode(material).hex() not in text
+        raw = base64.b64decode(material)
+        for needle in (material, raw.hex(), raw.hex().upper()):
+            assert needle not in text
 
 
 def test_once_the_pillar_drops_the_previous_key_an_apply_changes_nothing(vm, keys, finished):
