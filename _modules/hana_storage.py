@@ -242,7 +242,8 @@ def probe(devices, key_file=None):
     devices
         A device path, a comma-separated list or a list.
     key_file
-        A key file to test LUKS devices with (on an in-memory copy of the header).
+        A key file to test LUKS devices with (on an in-memory copy of the header), or a list of
+        them (a key and, while it is rotated, its previous key): ``key_opens`` when one opens it.
 
     CLI Example:
 

@@ -97,3 +97,26 @@ def test_key_slots_names_the_keyslots_a_key_opens_on_a_real_header_without_writi
     not_luks.write_bytes(bytes(1 << 20))
     got = module.key_slots(str(not_luks), str(keyfile))
     assert got["keyslots"] == [] and got["error"].startswith("no readable LUKS header")
+
+
+def test_the_guards_key_test_takes_the_key_or_the_previous_key(module, make_luks, keyfile, tmp_path):
+    """Mid-rotation a device opens with one of two keys: either makes it the volume's own; only
+    a refusal by both is "no key opens it"."""
+    import subprocess
+
+    import hana_storage_luks as luks
+
+    module.__salt__ = {
+        "cmd.run_all": lambda argv, **kwargs: {
+            "retcode": (done := subprocess.run(argv, capture_output=True, text=True)).returncode,
+            "stdout": done.stdout,
+            "stderr": done.stderr,
+        }
+    }
+    image, other = make_luks(kdf="pbkdf2"), tmp_path / "other.key"
+    other.write_bytes(b"o" * 64)
+    header = luks.parse_header(luks.reader_for(image.read_bytes()))
+    assert module._keys_test(str(image), header, [str(other), str(keyfile)]) == (True, None)
+    assert module._keys_test(str(image), header, [str(other)]) == (False, None)
+    opens, error = module._keys_test(str(image), header, [str(other), str(tmp_path / "missing.key")])
+    assert opens is None and "cryptsetup exited" in error  # a failed test is no "no"
