@@ -112,11 +112,7 @@ def key_present(name, source, pillar=None):
     ret = _ret(name)
     if source == "keyfile":
         return _keyfile_mode(ret, name)
-    material = salt.utils.data.traverse_dict_and_list(__pillar__, pillar, None)
-    try:
-        key = base64.b64decode(material or "", validate=True)
-    except (binascii.Error, ValueError, TypeError):
-        key = b""
+    key = _pillar_key(pillar) or b""
     if not key:
         return _done(ret, f"no usable key material at pillar {pillar} (the value is not shown)", result=False)
     directory = os.path.dirname(name)
@@ -150,6 +146,18 @@ def key_present(name, source, pillar=None):
 
 
 KEY_FSTYPE = "ramfs"  # tmpfs pages can be swapped out; ramfs pages never are
+
+
+def _pillar_key(pillar):
+    """The key bytes at the pillar path ``pillar``: None when nothing is there, b"" when what is
+    there is not base64."""
+    material = salt.utils.data.traverse_dict_and_list(__pillar__, pillar, None) if pillar else None
+    if not material:
+        return None
+    try:
+        return base64.b64decode(material, validate=True)
+    except (binascii.Error, ValueError, TypeError):
+        return b""
 
 
 class MountTableError(CommandExecutionError):
@@ -384,12 +392,12 @@ def _key_slots(device, key_file):
 def _pillar_key_pending(path, pillar):
     """Does the pillar at ``pillar`` hold other key material than the file ``path`` (which
     ``key_present`` writes first in a real run)? Only asked with test=True."""
-    material = salt.utils.data.traverse_dict_and_list(__pillar__, pillar, None) if pillar else None
-    if not material:
+    key = _pillar_key(pillar)
+    if key is None:
         return False
     try:
-        return not _key_file_matches(path, base64.b64decode(material, validate=True))
-    except (OSError, binascii.Error, ValueError, TypeError):
+        return not key or not _key_file_matches(path, key)
+    except OSError:
         return True
 
 

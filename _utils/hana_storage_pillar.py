@@ -263,10 +263,8 @@ def _key_errors(key, where):
                 seen.add(server[field])
         return errors + _key_errors(key["recovery"], (*where, "recovery"))
     if key.get("source") == "pillar":
-        material = key.get("material", "")
-        try:
-            raw = base64.b64decode(material, validate=True)
-        except (binascii.Error, ValueError):
+        raw = _decoded(key.get("material", ""))
+        if raw is None:
             return [f"{keypath(*where, 'material')}: must be base64 (the value is not shown)"]
         if len(raw) < MIN_KEY_BYTES:
             errors.append(
