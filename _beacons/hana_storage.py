@@ -49,7 +49,7 @@ its data, so the master can tell which minion really sent it (Salt lets any mini
 
     beacons:
       hana_storage:
-        - interval: 10                 # seconds between ticks
+        - interval: 1                  # seconds between ticks: a drift waits for the next one
         - full_audit_interval: 300     # seconds between full audits
         - uevents: true                # react to kernel events between full audits
         - disable_during_state_run: true
@@ -88,7 +88,7 @@ log = logging.getLogger(__name__)
 
 __virtualname__ = "hana_storage"
 
-DEFAULTS = {"interval": 10, "full_audit_interval": 300, "uevents": True}
+DEFAULTS = {"interval": 1, "full_audit_interval": 300, "uevents": True}
 # Keys Salt itself reads from any beacon's configuration.
 SALT_KEYS = {"interval", "disable_during_state_run", "run_once", "beacon_module", "enabled"}
 CONTEXT = "hana_storage.beacon"
@@ -117,7 +117,7 @@ def validate(config):
     Validate the beacon configuration.
     """
     if not isinstance(config, list):
-        return False, "Configuration for the hana_storage beacon must be a list, e.g. [{interval: 10}]"
+        return False, "Configuration for the hana_storage beacon must be a list, e.g. [{interval: 1}]"
     if not all(isinstance(item, dict) for item in config):
         return False, "Each hana_storage beacon setting must be a mapping, e.g. - full_audit_interval: 300"
     config = salt.utils.beacons.list_to_dict(config)
@@ -563,7 +563,7 @@ def beacon(config):
 
         beacons:
           hana_storage:
-            - interval: 10
+            - interval: 1
             - full_audit_interval: 300
     """
     config = {**DEFAULTS, **salt.utils.beacons.list_to_dict(config)}

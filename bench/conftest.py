@@ -1,12 +1,17 @@
 """`make bench`: what the checker costs, how fast it sees drift, how far it scales.
 
-Every number is a ratio against a baseline measured in the same run, with repetitions and their
-spread, because these machines are shared and noisy. Each benchmark records its rows through the
-``bench`` fixture; the table is printed at the end and kept in build/bench/results.{json,md}.
+Each benchmark records its rows through the ``bench`` fixture, with repetitions and their
+spread, because these machines are shared and noisy; costs are ratios against a baseline
+measured in the same run wherever one exists. A row with a target is a check: when the target
+is missed, the test that recorded it fails, naming the row, after all its rows are recorded
+(so `make bench` exits non-zero). The table is printed at the end and kept in
+build/bench/results.{json,md}.
 """
 
+import dataclasses
 import datetime
 import json
+import operator
 import os
 import platform
 import statistics
@@ -39,19 +44,66 @@ def spread(samples):
     }
 
 
+def p95(samples):
+    """The 95th percentile (the last of 20 quantiles; the largest sample when there are few)."""
+    return statistics.quantiles(samples, n=20)[-1] if len(samples) >= 2 else samples[0]
+
+
+STATISTICS = {"median": statistics.median, "min": min, "max": max, "p95": p95}
+COMPARISONS = {"<": operator.lt, "<=": operator.le, ">=": operator.ge, ">": operator.gt, "==": operator.eq}
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """What a row must reach: ``statistic`` of its samples ``op`` ``value``."""
+
+    op: str
+    value: float
+    statistic: str = "median"
+
+    def __post_init__(self):
+        assert self.op in COMPARISONS and self.statistic in STATISTICS, self
+
+    def met(self, samples):
+        return bool(samples) and COMPARISONS[self.op](STATISTICS[self.statistic](samples), self.value)
+
+    def __str__(self):
+        return f"{self.statistic} {self.op} {self.value:g}"
+
+
 class Bench:
-    def record(self, name, unit, samples, target=None, met=None, note="", **extra):
-        """One row: a measured quantity with its spread, the target and whether it is met."""
-        row = {"name": name, "unit": unit, **spread(samples), "target": target, "met": met, "note": note}
-        row.update(extra)
+    """The rows of one benchmark test; ``missed`` lists the rows whose target was not reached."""
+
+    def __init__(self):
+        self.missed = []
+
+    def record(self, name, unit, samples, target=None, note="", **extra):
+        """One row: a measured quantity with its spread, and the Target it must reach (if any)."""
+        met = target.met(samples) if target else None
+        row = {"name": name, "unit": unit, **spread(samples), "target": str(target) if target else None}
+        row.update(met=met, note=note, **extra)
+        if target:
+            row["value"] = round(STATISTICS[target.statistic](samples), 6) if samples else None
         ROWS.append(row)
+        if met is False:
+            self.missed.append(row)
         print(f"\n[bench] {name}: median {row['median']} {unit} (n={row['n']}) {note}", flush=True)
         return row
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def bench():
-    return Bench()
+    """Rows for this test; the test fails at teardown when one of them missed its target."""
+    rows = Bench()
+    yield rows
+    if rows.missed:
+        pytest.fail(
+            "target missed: "
+            + "; ".join(
+                f"{r['name']!r}: {r['value']} {r['unit']}, target {r['target']}" for r in rows.missed
+            ),
+            pytrace=False,
+        )
 
 
 def machine():

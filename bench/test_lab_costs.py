@@ -3,8 +3,9 @@
 1. State cost: first `state.apply hana.storage` on blank disks vs the idempotent re-apply.
 2. HANA I/O check: `hana_storage.io_check` (HCMT-like fio profiles) on /hana/log and /hana/data.
 3. Audit cost vs device count: 8, 64 and 256 dm-crypt (LUKS2) devices on loop devices, timed
-   against the naive baseline - per device `cryptsetup luksDump` + `dmsetup table` + `lsblk` -
-   in the same boot.
+   against what an admin would script for the same facts - one `dmsetup table` and one `lsblk`
+   for all devices, and `cryptsetup luksDump` per device (there is no batched form) - in the
+   same boot. Both `inspect` (the facts) and `audit` (facts, pillar and rules) are compared.
 4. Beacon idle tick: CPU time of a tick with nothing to do, against a full audit's (on the lab
    layout, before the loop devices exist).
 
@@ -17,6 +18,7 @@ import statistics
 
 import pytest
 
+from bench.conftest import Target
 from tests.conftest import REPO
 from tests.vm.conftest import boot
 
@@ -58,13 +60,11 @@ def test_state_cost_first_apply_vs_idempotent_reapply(vm, bench):
     )
     bench.record("state: first apply", "s", [first.seconds])
     bench.record("state: idempotent re-apply", "s", again)
-    ratios = [s / first.seconds for s in again]
     bench.record(
         "state: re-apply / first apply",
         "ratio",
-        ratios,
-        target="<= 0.25",
-        met=statistics.median(ratios) <= 0.25,
+        [s / first.seconds for s in again],
+        target=Target("<=", 0.40),
         note=note,
     )
 
@@ -73,7 +73,8 @@ def test_hana_io_check(vm, bench):
     result = vm.salt("hana_storage.io_check volumes='[log, data]' size=64M runtime=3", title="HANA I/O check")
     report = result.ret
     assert isinstance(report, dict) and "volumes" in report, report
-    note = report.get("note", "") + "; KPIs are for real storage, a TCG guest cannot meet them"
+    # no target: the KPIs are for real storage, which a TCG guest's virtual disks are not
+    note = report.get("note", "") + "; informational in the lab"
     for volume, rw, bs in (("log", "write", "4k"), ("log", "write", "1m"), ("data", "randread", "16m")):
         job = next(j for j in report["volumes"][volume]["jobs"] if (j["rw"], j["bs"]) == (rw, bs))
         kpi = job["kpi"]
@@ -82,9 +83,8 @@ def test_hana_io_check(vm, bench):
             f"io_check {volume} {rw} {bs}" + ("" if throughput else " latency"),
             "MB/s" if throughput else "us",
             [job["mb_s"] if throughput else job["lat_us_mean"]],
-            target=f">= {kpi['kpi']['min_mb_s']}" if throughput else f"<= {kpi['kpi']['max_latency_us']}",
-            met=kpi["passed"],
-            note=note,
+            note=f"HCMT KPI {'>= ' + str(kpi['kpi']['min_mb_s']) if throughput else '<= ' + str(kpi['kpi']['max_latency_us'])}"
+            f" ({'met' if kpi['passed'] else 'not met'}); {note}",
         )
 
 
@@ -100,8 +100,7 @@ def test_beacon_idle_tick_against_full_audit(vm, bench):
         "idle tick / full audit CPU",
         "ratio",
         fractions,
-        target="< 0.01",
-        met=statistics.median(fractions) < 0.01,
+        target=Target("<", 0.01),
         note=f"{data['ticks_per_sample']} ticks per sample; {data['devices']} block devices",
     )
 
@@ -133,14 +132,15 @@ true""",
 
 
 def baseline_seconds(vm, reps):
-    """The naive audit: three processes per device, timed in the guest."""
+    """The same facts the way an admin would script them: one `dmsetup table` and one `lsblk`
+    for every device, one `cryptsetup luksDump` per device; timed in the guest."""
     out = vm.run(
         f"""cd {BENCH_DIR}
 for r in $(seq {reps}); do
   start=$(date +%s%N)
-  while read name loop; do
-    cryptsetup luksDump $loop >/dev/null; dmsetup table $name >/dev/null; lsblk /dev/mapper/$name >/dev/null
-  done < devices
+  dmsetup table >/dev/null
+  lsblk -J -b -O >/dev/null
+  while read name loop; do cryptsetup luksDump $loop >/dev/null; done < devices
   echo "took $(( ($(date +%s%N) - start) / 1000 ))"
 done""",
         check=True,
@@ -150,33 +150,34 @@ done""",
     return [int(line.split()[1]) / 1e6 for line in out.splitlines() if line.startswith("took ")]
 
 
-def test_audit_cost_against_naive_baseline(vm, bench):
-    made, inspect_medians = 0, {}
+# at 64 devices (the lab's scale of a large HANA host); growth is checked from 64 to 256
+SPEEDUP_TARGETS = {"inspect": Target(">=", 4), "audit": Target(">=", 2.5)}
+
+
+def test_audit_cost_against_scripted_baseline(vm, bench):
+    made, medians = 0, {}
     for count in DEVICE_COUNTS:
         make_crypt_devices(vm, made + 1, count)
         made = count
-        inspect = salt_seconds(vm, "hana_storage.inspect", 3)
-        audit = salt_seconds(vm, "hana_storage.audit", 3)
+        timed = {"inspect": salt_seconds(vm, "hana_storage.inspect", 3)}
+        timed["audit"] = salt_seconds(vm, "hana_storage.audit", 3)
         baseline = baseline_seconds(vm, 2 if count < 256 else 1)
         listed = vm.salt("hana_storage.inspect").ret["devices"]
         assert sum(1 for name in listed.values() if name["kind"] == "crypt") >= count
-        speedups = [b / statistics.median(inspect) for b in baseline]
-        inspect_medians[count] = statistics.median(inspect)
-        bench.record(f"inspect, {count} crypt devices", "s", inspect)
-        bench.record(f"audit, {count} crypt devices", "s", audit)
-        bench.record(f"naive baseline, {count} crypt devices", "s", baseline)
+        bench.record(f"scripted baseline, {count} crypt devices", "s", baseline)
+        for fun, seconds in timed.items():
+            medians[fun, count] = statistics.median(seconds)
+            bench.record(f"{fun}, {count} crypt devices", "s", seconds)
+            bench.record(
+                f"{fun} speed-up over the scripted baseline, {count} devices",
+                "x",
+                [b / medians[fun, count] for b in baseline],
+                target=SPEEDUP_TARGETS[fun] if count == 64 else None,
+            )
+    for fun in ("inspect", "audit"):
         bench.record(
-            f"speed-up over baseline, {count} devices",
+            f"{fun} growth 64 -> 256 devices (linear = 4)",
             "x",
-            speedups,
-            target=">= 10" if count == 64 else None,
-            met=statistics.median(speedups) >= 10 if count == 64 else None,
+            [medians[fun, 256] / medians[fun, 64]],
+            target=Target("<=", 4),
         )
-    growth = inspect_medians[256] / inspect_medians[64]
-    bench.record(
-        "inspect growth 64 -> 256 devices (linear = 4)",
-        "x",
-        [growth],
-        target="<= 4 (linear)",
-        met=growth <= 4.4,  # 10 % for noise
-    )

@@ -14,23 +14,29 @@ BEACON = f"salt/beacon/{MINION}/hana_storage"
 KEY = "/run/hana-storage/keys/hana.key"
 
 
-def lab_storage(vm):
-    """The lab pillar with two volumes: data striped over vda and vdb, shared on vdc; the beacon
-    ticks every second and its full audit is an hour away, so what it reports came from the
-    kernel."""
+QUIET_BEACON = {"interval": 1, "full_audit_interval": 3600}
+
+
+def lab_storage(vm, beacon=QUIET_BEACON):
+    """The lab pillar with two volumes: data striped over vda and vdb, shared on vdc. The beacon:
+    ``beacon`` (None: the formula's defaults); by default it ticks every second and its full
+    audit is an hour away, so what it reports came from the kernel."""
     storage = yaml.safe_load(vm.pillar())["hana"]["storage"]
     storage["volumes"] = {
         "data": {"mountpoint": "/hana/data", "devices": ["/dev/vda", "/dev/vdb"], "stripe_size": 256},
         "shared": {"mountpoint": "/hana/shared", "devices": ["/dev/vdc"]},
     }
-    storage["compliance"]["beacon"] = {"interval": 1, "full_audit_interval": 3600}
+    if beacon is None:
+        storage["compliance"].pop("beacon", None)
+    else:
+        storage["compliance"]["beacon"] = beacon
     return storage
 
 
-def lab_master(tmp_path_factory, vm, **options):
+def lab_master(tmp_path_factory, vm, beacon=QUIET_BEACON, **options):
     """A master on loopback that the guest reaches (10.0.2.2), accepting its key, serving the
     formula, the lab pillar, the shipped reactor and the master-side modules."""
-    pillar = pillar_tree(tmp_path_factory.mktemp("pillar"), lab_storage(vm))
+    pillar = pillar_tree(tmp_path_factory.mktemp("pillar"), lab_storage(vm, beacon))
     return formula_master(pillar, reactor=True, interface="127.0.0.1", auto_accept=True, **options)
 
 
