@@ -25,9 +25,15 @@ Any minion can put any tag and data on the master's bus, so triage trusts nothin
   ``failed`` or ``not-fixed`` with a reason code, alerted, and the occurrence released, so the
   first event after the cooldown acts on it again.
 
+The reactor hands each event to the ``hana_storage_triage`` engine, which calls ``triage`` in its
+own threads, or starts ``triage`` as a runner job when that engine is not running; either way
+the outcome is fired as ``hana/storage/triaged`` (the event's tag, when triage began, and what
+``triage`` returned).
+
 Salt reserves no tag prefix for the master: a minion can put ``hana/storage/alert`` on the bus
 (``event.send`` with a ``preload``). So every event triage fires (``hana/storage/alert``,
-``hana/storage/remediation``, ``hana/storage/rejected``) carries ``ts`` and ``sig``, the master's
+``hana/storage/remediation``, ``hana/storage/rejected``, ``hana/storage/triaged``) carries
+``ts`` and ``sig``, the master's
 signature over ``hana_storage_events.master_signed_bytes`` made with ``<pki_dir>/master.pem``;
 ``verify_master`` checks one with ``<pki_dir>/master.pub`` (the exporter engine does, for every
 event it counts), and so should any other consumer: ``salt-run hana_storage.verify_master``.
@@ -46,6 +52,7 @@ import fcntl
 import json
 import logging
 import os
+import threading
 import time
 
 import salt.client
@@ -64,6 +71,7 @@ DEFAULTS = {"cooldown": 300, "max_event_age": 600, "require_signature": True, "r
 ALERT_TAG = "hana/storage/alert"
 REMEDIATION_TAG = "hana/storage/remediation"
 REJECTED_TAG = "hana/storage/rejected"
+TRIAGED_TAG = "hana/storage/triaged"
 SIGNING = salt.crypt.PKCS1v15_SHA224
 FACTS = ("rule", "volume", "mountpoint", "device", "message")  # what alerts and remediations name
 FIRE_ATTEMPTS = 5
@@ -86,18 +94,32 @@ def _config():
     return {**DEFAULTS, **(__opts__.get("hana_storage") or {})}
 
 
+_PUBLISHERS = threading.local()  # one connection to the master's bus per thread, kept between events
+
+
 def _send(tag, data):
     """One try: False when the bus did not take the event.
 
-    Salt's fire_event returns False when it cannot connect and raises when the send fails; the
-    reactor would only record either in a job return nobody reads.
+    Each thread keeps its connection to the bus: opening one per event (a new event object, its
+    IO loop and socket) was what capped triage. A connection that failed once is dropped, so the
+    next try opens a new one. Salt's fire_event returns False when it cannot connect and raises
+    when the send fails; the reactor would only record either in a job return nobody reads.
     """
+    bus = getattr(_PUBLISHERS, "bus", None)
     try:
-        with salt.utils.event.get_master_event(__opts__, __opts__["sock_dir"], listen=False) as bus:
-            return bus.fire_event(data, tag, timeout=5000)
+        if bus is None:
+            bus = _PUBLISHERS.bus = salt.utils.event.get_master_event(
+                __opts__, __opts__["sock_dir"], listen=False
+            )
+        if bus.fire_event(data, tag, timeout=5000):
+            return True
     except Exception as exc:  # noqa: BLE001 - any failure is one failed try
         log.debug("hana_storage: putting %s on the bus failed: %s", tag, exc)
-        return False
+    _PUBLISHERS.bus = None
+    if bus is not None:
+        with contextlib.suppress(Exception):
+            bus.destroy()
+    return False
 
 
 def _master_signature(tag, data):
@@ -319,6 +341,13 @@ def triage(tag, data):
 
         salt-run hana_storage.triage tag=salt/beacon/db1/hana_storage/violation data='{...}'
     """
+    began = time.time()
+    result = _triage(tag, data)
+    _fire(TRIAGED_TAG, {"tag": tag, "began": began, "result": result})
+    return result
+
+
+def _triage(tag, data):
     minion, event = _util("events.minion_of_tag")(tag)
     if event not in ("violation", "audit") or not isinstance(data, dict):
         return {"action": "ignored", "reason": "not a hana_storage violation or audit event"}

@@ -7,6 +7,7 @@ import salt.utils.event
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests import beacon_events
+from tests.support.master import triage_results
 
 
 class Bus:
@@ -35,12 +36,7 @@ class Bus:
 
     def triage_returns(self, event_listener, after, minion):
         """What triage returned for ``minion``'s events since ``after``, oldest first."""
-        found = self.events(event_listener, "salt/run/*/ret", after)
-        return [
-            e.data["return"]
-            for e in found
-            if e.data.get("fun") == "runner.hana_storage.triage" and e.data["return"].get("minion") == minion
-        ]
+        return [r for r in triage_results(event_listener, self.id, after) if r.get("minion") == minion]
 
     def metrics(self):
         """{(name, frozenset(labels)): value} of the exporter's /metrics now."""
@@ -69,10 +65,8 @@ def wait_for_reactor(factory, event_listener, timeout=120):
             fired = time.time()
             assert bus.fire_event({"probe": True}, f"salt/beacon/{PROBE_MINION}/hana_storage/violation")
             time.sleep(5)
-            returns = event_listener.get_events([(factory.id, "salt/run/*/ret")], after_time=fired)
             if any(
-                isinstance(e.data.get("return"), dict) and e.data["return"].get("minion") == PROBE_MINION
-                for e in returns
+                r.get("minion") == PROBE_MINION for r in triage_results(event_listener, factory.id, fired)
             ):
                 break
             assert time.monotonic() < deadline, f"the reactor of {factory.id} never reacted"

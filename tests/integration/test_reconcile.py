@@ -17,7 +17,7 @@ import salt.utils.event
 from tests import beacon_events
 from tests.integration.master_bus import wait_for_reactor
 from tests.support.keys import write_keypair
-from tests.support.master import formula_master
+from tests.support.master import formula_master, triage_results
 
 pytestmark = pytest.mark.integration
 
@@ -72,12 +72,7 @@ def alerts(event_listener, master, after):
 
 
 def triage_returns(event_listener, master, after):
-    found = event_listener.get_events([(master.id, "salt/run/*/ret")], after_time=after)
-    return [
-        e.data["return"]
-        for e in found
-        if e.data.get("fun") == "runner.hana_storage.triage" and e.data["return"].get("minion") == MINION
-    ]
+    return [r for r in triage_results(event_listener, master.id, after) if r.get("minion") == MINION]
 
 
 def wait_until(check, timeout=90):

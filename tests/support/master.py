@@ -29,6 +29,13 @@ def shipped_reactor():
     ]
 
 
+def shipped_settings():
+    """The master settings of conf/master.d/hana-storage.conf other than its paths (file roots,
+    reactor map, engines): the triage settings and the large-fleet settings, as shipped."""
+    conf = yaml.safe_load((REPO / "conf" / "master.d" / "hana-storage.conf").read_text())
+    return {k: v for k, v in conf.items() if k not in ("file_roots", "reactor", "engines")}
+
+
 def pillar_tree(root, storage):
     """A pillar_roots tree giving every minion ``hana:storage`` = ``storage``; returns ``root``."""
     (root / "top.sls").write_text("base:\n  '*':\n    - hana\n")
@@ -52,20 +59,34 @@ def module_root():
     return root
 
 
-def formula_master(pillar_root=None, reactor=False, exporter_port=None, **extra):
-    """Master overrides: the formula's two file roots (the module dirs only, module_root); with ``reactor`` the shipped reactor map
-    and the master-side modules it runs (runner, utils); with ``exporter_port`` the Prometheus
-    exporter engine on that port. Master-side modules load straight from the checkout
-    (production: salt-run saltutil.sync_all)."""
+def formula_master(pillar_root=None, reactor=False, exporter_port=None, triage_engine=True, **extra):
+    """Master overrides: the formula's two file roots (the module dirs only, module_root); with
+    ``reactor`` the shipped reactor map, the master-side modules it runs (runner, utils) and the
+    triage engine it hands events to (unless not ``triage_engine``: then the reactor starts a
+    runner job per event); with ``exporter_port`` the Prometheus exporter engine on that port.
+    Master-side modules load straight from the checkout (production: salt-run saltutil.sync_all)."""
     overrides = {"file_roots": {"base": [str(REPO / "salt"), str(module_root())]}}
     if pillar_root is not None:
         overrides["pillar_roots"] = {"base": [str(pillar_root)]}
+    engines = []
     if reactor or exporter_port:
         overrides["runner_dirs"] = [str(REPO / "_runners")]
         overrides["utils_dirs"] = [str(REPO / "_utils")]
     if reactor:
         overrides["reactor"] = shipped_reactor()
+        if triage_engine:
+            engines.append({"hana_storage_triage": {}})
     if exporter_port:
+        engines.append({"hana_storage_exporter": {"port": exporter_port}})
+    if engines:
         overrides["engines_dirs"] = [str(REPO / "_engines")]
-        overrides["engines"] = [{"hana_storage_exporter": {"port": exporter_port}}]
+        overrides["engines"] = engines
     return {**overrides, **extra}
+
+
+def triage_results(event_listener, master_id, after, began=False):
+    """What triage returned for each event since ``after`` (``hana/storage/triaged``, fired on
+    the engine's path and the runner job's alike), in the order triage began."""
+    found = event_listener.get_events([(master_id, "hana/storage/triaged")], after_time=after)
+    found = sorted(found, key=lambda e: e.data["began"])
+    return [(e.data["began"], e.data["result"]) if began else e.data["result"] for e in found]

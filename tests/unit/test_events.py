@@ -326,8 +326,11 @@ def runner(pki, tmp_path):
         "minion_id_lowercase": False,
     }
     module.__utils__ = UTILS
-    module.fired, module.orchestrations = [], []
-    module._fire = lambda tag, data: module.fired.append((tag, data)) or True
+    module.fired, module.triaged, module.orchestrations = [], [], []
+    # what triage fired about the event itself, and the outcome it reported on hana/storage/triaged
+    module._fire = lambda tag, data: (
+        (module.triaged if tag == module.TRIAGED_TAG else module.fired).append((tag, data)) or True
+    )
 
     def fixed_all(rules):
         """What the minion's remediate() returns when it fixed every rule asked for: verified."""
@@ -524,7 +527,9 @@ def test_an_alert_the_bus_refused_is_retried_then_released(runner, pki, monkeypa
         setattr(fresh, name, getattr(runner, name))
     monkeypatch.setattr(fresh.time, "sleep", lambda seconds: None)
     tries = []
-    monkeypatch.setattr(fresh, "_send", lambda tag, data: tries.append(tag) or len(tries) > 2)
+    monkeypatch.setattr(
+        fresh, "_send", lambda tag, data: tag == fresh.TRIAGED_TAG or tries.append(tag) or len(tries) > 2
+    )
     first = signed(pki, "db1", {"tag": "violation", **finding("HANA-ENC-001")})
     assert fresh.triage("salt/beacon/db1/hana_storage/violation", first)["action"] == "alerted"
     assert tries == ["hana/storage/alert"] * 3
@@ -982,8 +987,13 @@ def test_every_event_triage_fires_is_signed(firing, pki):
         "hana/storage/alert",
         "hana/storage/rejected",
         "hana/storage/remediation",
+        "hana/storage/triaged",
+        "hana/storage/triaged",
+        "hana/storage/triaged",
     ]
     assert all(firing.verify_master(t, d) is None for t, d in firing.sent)
+    outcomes = [d["result"]["action"] for t, d in firing.sent if t == "hana/storage/triaged"]
+    assert outcomes == ["alerted", "remediation-failed", "rejected"]
 
 
 def test_an_event_that_cannot_be_signed_is_not_fired(firing, pki):
@@ -1000,3 +1010,27 @@ def test_a_violation_is_the_occurrence_its_since_names():
     assert runner._violation_finding({**data, "since": 100.0})["since"] == 100.0
     assert runner._violation_finding(data)["since"] == 200.0  # an older beacon: its ts
     assert runner._violation_finding({**data, "since": True})["since"] == 200.0
+
+
+def test_each_thread_keeps_one_bus_connection_and_drops_a_failed_one(runner, monkeypatch):
+    """Opening a bus connection per event capped triage: one per thread, reopened after a failure."""
+    fresh = load("_runners/hana_storage.py", "runner_sending")
+    fresh.__opts__ = runner.__opts__ | {"sock_dir": "/nonexistent"}
+    made, answers = [], iter([True, True, False, True])
+
+    class Bus:
+        destroyed = False
+
+        def fire_event(self, data, tag, timeout):
+            return next(answers)
+
+        def destroy(self):
+            self.destroyed = True
+
+    def connect(opts, sock_dir, listen):
+        made.append(Bus())
+        return made[-1]
+
+    monkeypatch.setattr(fresh.salt.utils.event, "get_master_event", connect)
+    assert [fresh._send("t", {}) for _ in range(4)] == [True, True, False, True]
+    assert len(made) == 2 and made[0].destroyed and not made[1].destroyed

@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests import beacon_events
 from tests.conftest import REPO
 from tests.support.lab_master import BEACON, KEY, MINION, connect_minion, lab_master, wait_for
-from tests.support.master import free_port
+from tests.support.master import free_port, triage_results
 from tests.vm.conftest import boot
 
 pytestmark = pytest.mark.vm
@@ -284,40 +284,23 @@ def test_forged_events_cause_no_action_and_a_flood_one_remediation(
             bus.fire_event(signed(key, MINION, violation("HANA-PERF-004")), f"{BEACON}/violation")
     deadline = time.monotonic() + 900
     while time.monotonic() < deadline:
-        triaged = len(
-            [
-                e
-                for e in event_listener.get_events([(master.id, "salt/run/*/ret")], after_time=after)
-                if e.data.get("fun") == "runner.hana_storage.triage"
-            ]
-        )
-        if triaged >= FLOOD + 3:
+        if len(triage_results(event_listener, master.id, after)) >= FLOOD + 3:
             break
         time.sleep(2)
     flood_seconds = time.monotonic() - flood_started
-    actions = [
-        e.data["return"]
-        for e in event_listener.get_events([(master.id, "salt/run/*/ret")], after_time=after)
-        if e.data.get("fun") == "runner.hana_storage.triage"
-    ]
+    actions = triage_results(event_listener, master.id, after)
     assert len(actions) == FLOOD + 3, f"only {len(actions)} of {FLOOD + 3} events were triaged"
     by_action = {}
     for action in actions:
         by_action.setdefault(action["action"], []).append(action)
     assert {a["code"] for a in by_action["rejected"]} == {"unknown_minion", "bad_signature"}
     assert [a["rule"] for a in by_action["alerted"]] == ["HANA-ENC-005"]
-    # one remediation per cooldown (20 s here): when each triage that acted started, from its jid
-    started = {
-        e.tag.split("/")[2]: e.stamp.timestamp()
-        for e in event_listener.get_events([(master.id, "salt/run/*/new")], after_time=after)
-        if e.data.get("fun") == "runner.hana_storage.triage"
-    }
-    acted = sorted(
-        started[e.tag.split("/")[2]]
-        for e in event_listener.get_events([(master.id, "salt/run/*/ret")], after_time=after)
-        if e.data.get("fun") == "runner.hana_storage.triage"
-        and e.data["return"]["action"] in ("remediated", "remediation-failed")
-    )
+    # one remediation per cooldown (20 s here): when each triage that acted began
+    acted = [
+        began
+        for began, result in triage_results(event_listener, master.id, after, began=True)
+        if result["action"] in ("remediated", "remediation-failed")
+    ]
     assert acted and all(b - a >= 19.5 for a, b in zip(acted, acted[1:], strict=False)), acted
     assert len(acted) <= flood_seconds / 20 + 1
     assert len(by_action["cooldown"]) == FLOOD - len(acted)

@@ -1,0 +1,132 @@
+"""
+Triage at fleet rates: the reactor hands each hana_storage violation or audit event to this
+engine over a datagram socket, and the engine runs the triage runner's code on it in a pool of
+threads, without a runner job per event.
+
+A runner job per reaction is what bounds Salt's reactor: each one gets a job id, its own
+``salt/run/<jid>/new`` and ``ret`` events and a runner call through the reactor's thread pool,
+which held one master near 40 events/s while its bus carried over 300 (bench/test_fleet.py
+measures both designs in one run). The reactor stays the entry point a site wires in
+(``reactor/triage.sls``): it hands the event over here, and starts the triage runner job as
+before when this engine is not running or its backlog is full. Both paths run the same
+``hana_storage.triage`` and claim each occurrence atomically, so whichever path an event takes,
+no occurrence is acted on twice. The outcome of every triage is fired as
+``hana/storage/triaged`` (signed by the master) on either path.
+
+An event that may lead to a remediation (a violation of an auto rule in the master's rule
+table, or an audit event listing one) goes to a pool of its own: its thread waits for the
+orchestration, seconds per minion, and must not hold up the alerts behind it. Which pool an event
+goes to is all the engine takes from it; triage verifies the sender's signature and decides, as
+it does for a runner job. The socket is ``<sock_dir>/hana_storage_triage.sock``, mode 0600 (the master's user
+only; the reactor runs in the master).
+
+.. code-block:: yaml
+
+    engines:
+      - hana_storage_triage:
+          workers: 4                # threads for events that can only alert
+          remediation_workers: 16   # threads waiting for remediation orchestrations
+          backlog: 2000             # events held; beyond it the reactor starts runner jobs instead
+"""
+
+import concurrent.futures
+import contextlib
+import json
+import logging
+import os
+import socket
+import threading
+
+log = logging.getLogger(__name__)
+
+__virtualname__ = "hana_storage_triage"
+
+SOCKET_NAME = "hana_storage_triage.sock"  # reactor/triage.sls sends to it (tests/unit/test_triage_engine.py)
+MAX_DATAGRAM = 4 * 1024 * 1024  # an audit event listing every open finding of a large host
+BUFFER = 8 * 1024 * 1024  # the kernel's receive buffer: a burst waits here, not in the reactor
+
+
+def __virtual__():
+    return __virtualname__
+
+
+class MalformedEvent(ValueError):
+    """A datagram that is not {"tag": str, "data": dict} in JSON."""
+
+
+def parse(payload):
+    """(tag, data) of a datagram; MalformedEvent for anything else."""
+    try:
+        event = json.loads(payload)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise MalformedEvent(f"not JSON: {error}") from None
+    if not isinstance(event, dict) or not isinstance(event.get("tag"), str):
+        raise MalformedEvent("no tag")
+    if not isinstance(event.get("data"), dict):
+        raise MalformedEvent("no data mapping")
+    return event["tag"], event["data"]
+
+
+@contextlib.contextmanager
+def bound(path):
+    """A datagram socket bound at ``path`` (0600), removed again on exit."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)  # a socket left by a master that died
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, BUFFER)
+        old = os.umask(0o177)
+        try:
+            sock.bind(path)
+        finally:
+            os.umask(old)
+        yield sock
+    finally:
+        sock.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def may_remediate(tag, data, auto):
+    """Whether triage may start a remediation for this event (``auto``: the master's auto rules):
+    a violation of an auto rule, or an audit event listing an open finding of one."""
+    if tag.endswith("/violation"):
+        rule = data.get("rule")
+        return isinstance(rule, str) and rule in auto
+    since = data.get("since")
+    keys = since if isinstance(since, dict) else ()
+    return any(isinstance(key, str) and key.split("|", 1)[0] in auto for key in keys)
+
+
+def _triage(triage, tag, data):
+    try:
+        triage(tag, data)
+    except Exception:  # noqa: BLE001 - one event's failure must not stop the engine
+        log.exception("hana_storage_triage: triage of %s failed", tag)
+
+
+def start(workers=4, remediation_workers=16, backlog=2000):
+    """
+    Receive the reactor's hand-offs and triage them until the master stops.
+    """
+    path = os.path.join(__opts__["sock_dir"], SOCKET_NAME)
+    triage = __runners__["hana_storage.triage"]
+    auto = set(__utils__["hana_storage_rules.auto_rules"]())
+    held = threading.BoundedSemaphore(int(backlog))
+    with (
+        bound(path) as sock,
+        concurrent.futures.ThreadPoolExecutor(int(workers)) as alerts,
+        concurrent.futures.ThreadPoolExecutor(int(remediation_workers)) as remediations,
+    ):
+        log.info("hana_storage_triage: triaging hand-offs on %s", path)
+        while True:
+            held.acquire()  # a full backlog stops reading: the socket fills, the reactor falls back
+            payload = sock.recv(MAX_DATAGRAM)
+            try:
+                tag, data = parse(payload)
+            except MalformedEvent as error:
+                log.warning("hana_storage_triage: dropped a malformed hand-off: %s", error)
+                held.release()
+                continue
+            pool = remediations if may_remediate(tag, data, auto) else alerts
+            pool.submit(_triage, triage, tag, data).add_done_callback(lambda _done: held.release())

@@ -1,0 +1,147 @@
+"""The reactor's hand-off to the triage engine: reactor/triage.sls rendered by Salt's own py
+renderer, and the engine's loop on a real datagram socket (its triage replaced by a recorder)."""
+
+import importlib.util
+import json
+import os
+import socket
+import threading
+import time
+
+import hana_storage_rules as rules
+import pytest
+import salt.utils.templates
+
+from tests.conftest import REPO
+
+REACTOR = REPO / "salt" / "hana" / "storage" / "reactor" / "triage.sls"
+TAG = "salt/beacon/db1/hana_storage/violation"
+RUNNER_REACTION = "runner.hana_storage.triage"
+
+
+def load_engine():
+    spec = importlib.util.spec_from_file_location(
+        "triage_engine_under_test", REPO / "_engines/hana_storage_triage.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def engine():
+    return load_engine()
+
+
+@pytest.fixture
+def sock_dir(tmp_path):
+    # AF_UNIX paths are short (108 bytes): pytest's tmp_path can be longer
+    path = f"/tmp/hsf-{os.getpid()}-{time.monotonic_ns()}"
+    os.mkdir(path, 0o700)
+    yield path
+    for name in os.listdir(path):
+        os.unlink(os.path.join(path, name))
+    os.rmdir(path)
+
+
+def react(sock_dir, tag, data):
+    """What Salt's py renderer makes of the reactor SLS for one event (as the reactor calls it)."""
+    opts = {"sock_dir": sock_dir}
+    rendered = salt.utils.templates.py(
+        str(REACTOR), True, __salt__={}, salt={}, __grains__={}, grains={}, __opts__=opts, opts=opts,
+        __pillar__={}, pillar={}, __env__="base", saltenv="base", __sls__="", sls="", tag=tag, data=data,
+    )  # fmt: skip
+    assert rendered["result"], rendered
+    return rendered["data"]
+
+
+def test_the_reactor_and_the_engine_name_one_socket(engine):
+    namespace = {}
+    exec(compile(REACTOR.read_text(), str(REACTOR), "exec"), namespace)  # noqa: S102 - our own file
+    assert namespace["ENGINE_SOCKET"] == engine.SOCKET_NAME
+
+
+def test_without_the_engine_the_reactor_starts_the_runner_job(sock_dir):
+    data = {"rule": "HANA-PERF-002", "sig": "x"}
+    reaction = react(sock_dir, TAG, data)
+    assert reaction == {"hana-storage-triage": {RUNNER_REACTION: [{"args": [{"tag": TAG}, {"data": data}]}]}}
+
+
+def test_with_the_engine_the_event_is_handed_off_whole(sock_dir, engine):
+    data = {"rule": "HANA-PERF-002", "sig": "x", "nested": {"a": [1, 2]}}
+    with engine.bound(os.path.join(sock_dir, engine.SOCKET_NAME)) as sock:
+        assert oct(os.stat(os.path.join(sock_dir, engine.SOCKET_NAME)).st_mode & 0o777) == "0o600"
+        assert react(sock_dir, TAG, data) == {}
+        sock.settimeout(5)
+        assert engine.parse(sock.recv(engine.MAX_DATAGRAM)) == (TAG, data)
+    assert not os.path.exists(os.path.join(sock_dir, engine.SOCKET_NAME)), "the socket is removed on exit"
+
+
+def test_events_that_are_not_for_triage_start_nothing(sock_dir):
+    assert react(sock_dir, "salt/beacon/db1/hana_storage/resolved", {"rule": "HANA-PERF-002"}) == {}
+    assert react(sock_dir, "salt/beacon/db1/hana_storage/audit", {"compliant": True}) == {}
+    audit = {"since": {"HANA-PERF-002|data|/dev/x": 1.0}}
+    assert (
+        RUNNER_REACTION in react(sock_dir, "salt/beacon/db1/hana_storage/audit", audit)["hana-storage-triage"]
+    )
+
+
+def test_a_full_socket_falls_back_to_the_runner_job(sock_dir, engine):
+    """Nobody reading: once the kernel's queue is full, the reactor must not block but start jobs."""
+    with engine.bound(os.path.join(sock_dir, engine.SOCKET_NAME)):
+        reactions = [react(sock_dir, TAG, {"n": n, "pad": "x" * 4096}) for n in range(3000)]
+    handed, started = [r for r in reactions if not r], [r for r in reactions if r]
+    assert handed and started, (len(handed), len(started))
+    assert all(RUNNER_REACTION in r["hana-storage-triage"] for r in started)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [b"", b"\xff\xfe", b"[]", b'{"tag": 1, "data": {}}', b'{"tag": "t"}', b'{"tag": "t", "data": [1]}'],
+)
+def test_a_malformed_hand_off_is_a_clear_error(engine, payload):
+    with pytest.raises(engine.MalformedEvent):
+        engine.parse(payload)
+
+
+def test_the_engine_triages_each_hand_off_and_drops_malformed_ones(sock_dir, engine, caplog):
+    seen, done = [], threading.Event()
+
+    def triage(tag, data):
+        if data.get("boom"):
+            raise RuntimeError("one event's failure")
+        seen.append((tag, data))
+        if len(seen) == 3:
+            done.set()
+
+    engine.__opts__ = {"sock_dir": sock_dir}
+    engine.__runners__ = {"hana_storage.triage": triage}
+    engine.__utils__ = {"hana_storage_rules.auto_rules": rules.auto_rules}
+    kwargs = {"workers": 2, "remediation_workers": 2, "backlog": 4}
+    threading.Thread(target=engine.start, kwargs=kwargs, daemon=True).start()
+    path = os.path.join(sock_dir, engine.SOCKET_NAME)
+    deadline = time.monotonic() + 10
+    while not os.path.exists(path):
+        assert time.monotonic() < deadline, "the engine never bound its socket"
+        time.sleep(0.05)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
+        sender.sendto(b"not json", path)
+        sender.sendto(json.dumps({"tag": TAG, "data": {"boom": True}}).encode(), path)
+        for n, rule in enumerate(("HANA-PERF-002", "HANA-ENC-001", None)):
+            sender.sendto(json.dumps({"tag": TAG, "data": {"n": n, "rule": rule}}).encode(), path)
+    assert done.wait(10), seen
+    assert sorted(d["n"] for _t, d in seen) == [0, 1, 2]
+    assert "dropped a malformed hand-off" in caplog.text
+    assert "triage of salt/beacon/db1/hana_storage/violation failed" in caplog.text
+
+
+def test_events_that_may_remediate_go_to_their_own_pool(engine):
+    """An orchestration holds its thread for seconds: alerts must not queue behind it."""
+    auto = set(rules.auto_rules())
+    assert engine.may_remediate(TAG, {"rule": "HANA-PERF-002"}, auto)
+    assert not engine.may_remediate(TAG, {"rule": "HANA-ENC-001"}, auto)
+    assert not engine.may_remediate(TAG, {"rule": ["HANA-PERF-002"]}, auto)
+    audit = "salt/beacon/db1/hana_storage/audit"
+    assert engine.may_remediate(audit, {"since": {"HANA-PERF-002|data|/dev/x": 1.0}}, auto)
+    assert not engine.may_remediate(audit, {"since": {"HANA-ENC-001|data|/dev/x": 1.0}}, auto)
+    assert not engine.may_remediate(audit, {"since": ["HANA-PERF-002|data|/dev/x"]}, auto)
