@@ -112,7 +112,7 @@ def totals(master):
     return sums
 
 
-def sim_key(master):
+def sim_key():
     """The simulated minions' shared key pair; their public key is accepted as each of them."""
     pub, pem = REPO / "build" / "bench" / "sim.pub", REPO / "build" / "bench" / "sim.pem"
     pub.parent.mkdir(parents=True, exist_ok=True)
@@ -139,7 +139,7 @@ def fleet_events(master, limit=None):
     """{minion: (violation events, audit event)}, signed as the beacon signs, in minion order:
     the real minions first (their own keys, AUTO_RULES + manual rules), then simulated ones up to
     MINIONS. ``limit`` keeps only the first violations (and the audits of their minions)."""
-    pem, pub = sim_key(master)
+    pem, pub = sim_key()
     plan, now, count = {}, time.time(), 0
     real = [m.id for m in master.minions]
     for index in range(MINIONS):

@@ -19,9 +19,14 @@ def free_port():
         return sock.getsockname()[1]
 
 
+def shipped_conf():
+    """conf/master.d/hana-storage.conf, parsed."""
+    return yaml.safe_load((REPO / "conf" / "master.d" / "hana-storage.conf").read_text())
+
+
 def shipped_reactor():
     """The reactor map of conf/master.d/hana-storage.conf, its paths pointed at this checkout."""
-    conf = yaml.safe_load((REPO / "conf" / "master.d" / "hana-storage.conf").read_text())
+    conf = shipped_conf()
     return [
         {tag: [path.replace(INSTALLED_AT, str(REPO)) for path in paths]}
         for entry in conf["reactor"]
@@ -32,8 +37,7 @@ def shipped_reactor():
 def shipped_settings():
     """The master settings of conf/master.d/hana-storage.conf other than its paths (file roots,
     reactor map, engines): the triage settings and the large-fleet settings, as shipped."""
-    conf = yaml.safe_load((REPO / "conf" / "master.d" / "hana-storage.conf").read_text())
-    return {k: v for k, v in conf.items() if k not in ("file_roots", "reactor", "engines")}
+    return {k: v for k, v in shipped_conf().items() if k not in ("file_roots", "reactor", "engines")}
 
 
 def pillar_tree(root, storage):
