@@ -14,6 +14,10 @@ triage runner's (``hana/storage/...``) and serves, on ``http://<bind>:<port>/met
 ``hana_storage_rejected_events_total{reason}``  events whose sender could not be verified
 ``hana_storage_last_audit_timestamp_seconds``   when the minion's last full audit ran
 ``hana_storage_events_total{event}``            events processed, per kind
+``hana_storage_triage_actions_total{...}``      actions triage completed (action, rule), read
+                                                from triage's store when scraped: with hot
+                                                masters sharing a store, every master serves
+                                                the fleet's numbers, its own and the others'
 =============================================== ==================================================
 
 Beacon events count only when the minion's signature verifies (the runner's ``verify``), so a
@@ -40,6 +44,7 @@ import salt.utils.event
 
 try:
     import prometheus_client
+    from prometheus_client.core import CounterMetricFamily
 
     HAS_PROMETHEUS = True
 except ImportError:
@@ -142,6 +147,30 @@ class Metrics:
         self.series[minion] = self.series.get(minion, set()) | set(counts)
 
 
+class StoreTallies:
+    """``hana_storage_triage_actions_total{action,rule}`` out of ``read()`` (the triage runner's
+    ``tallies``: {"<action>|<rule>": count}) at each scrape."""
+
+    def __init__(self, read):
+        self.read = read
+
+    def collect(self):
+        family = CounterMetricFamily(
+            "hana_storage_triage_actions",
+            "Actions triage completed, from its store",
+            labels=["action", "rule"],
+        )
+        try:
+            tallies = self.read()
+        except Exception as error:  # noqa: BLE001 - a scrape without these series, and why in the log
+            log.warning("hana_storage_exporter: triage's store could not be read: %s", error)
+            tallies = {}
+        for name, count in sorted(tallies.items()):
+            action, _, rule = name.partition("|")
+            family.add_metric([action, rule], count)
+        yield family
+
+
 def _util(name):
     """The formula's pure code, through the loader as the other modules reach it."""
     return __utils__[f"hana_storage_{name}"]
@@ -191,6 +220,7 @@ def start(bind="127.0.0.1", port=9723, verify_signatures=True):
     """
     registry = prometheus_client.CollectorRegistry()
     metrics = Metrics(registry)
+    registry.register(StoreTallies(__runners__["hana_storage.tallies"]))
     prometheus_client.start_http_server(int(port), addr=bind, registry=registry)
     log.info("hana_storage_exporter: serving metrics on http://%s:%s/metrics", bind, port)
     verify = __runners__["hana_storage.verify"] if verify_signatures else None

@@ -17,7 +17,12 @@ An event that may lead to a remediation (a violation of an auto rule in the mast
 table, or an audit event listing one) goes to a pool of its own: its thread waits for the
 orchestration, seconds per minion, and must not hold up the alerts behind it. Which pool an event
 goes to is all the engine takes from it; triage verifies the sender's signature and decides, as
-it does for a runner job. The socket is ``<sock_dir>/hana_storage_triage.sock``, mode 0600 (the master's user
+it does for a runner job.
+
+With hot masters sharing a store, an occurrence the other master is acting on is ``held`` by its
+lease: the engine triages that event again when the lease runs out, so if that master died
+before finishing, this one takes the occurrence over within a lease. (A runner job leaves it to
+the minion's next audit event.) The socket is ``<sock_dir>/hana_storage_triage.sock``, mode 0600 (the master's user
 only; the reactor runs in the master).
 
 .. code-block:: yaml
@@ -31,11 +36,14 @@ only; the reactor runs in the master).
 
 import concurrent.futures
 import contextlib
+import heapq
+import itertools
 import json
 import logging
 import os
 import socket
 import threading
+import time
 
 log = logging.getLogger(__name__)
 
@@ -98,11 +106,51 @@ def may_remediate(tag, data, auto):
     return any(isinstance(key, str) and key.split("|", 1)[0] in auto for key in keys)
 
 
-def _triage(triage, tag, data):
+def held_for(result):
+    """Seconds until the occurrences triage found held by another claim's lease may be claimed
+    again (the longest of them), or None when it found none held."""
+    results = result.get("findings", [result]) if isinstance(result, dict) else []
+    waits = [
+        r["retry_in"]
+        for r in results
+        if isinstance(r, dict) and r.get("action") == "held" and isinstance(r.get("retry_in"), int | float)
+    ]
+    return max(waits) if waits else None
+
+
+class Later:
+    """Runs calls after their delay, all from one thread (a burst may park thousands)."""
+
+    def __init__(self):
+        self._due, self._order, self._wake = [], itertools.count(), threading.Condition()
+        threading.Thread(target=self._run, name="hana_storage_triage-later", daemon=True).start()
+
+    def call(self, delay, function, *args):
+        with self._wake:
+            heapq.heappush(self._due, (time.monotonic() + delay, next(self._order), function, args))
+            self._wake.notify()
+
+    def _run(self):
+        while True:
+            with self._wake:
+                while not self._due or self._due[0][0] > time.monotonic():
+                    self._wake.wait(self._due[0][0] - time.monotonic() if self._due else None)
+                _when, _order, function, args = heapq.heappop(self._due)
+            function(*args)
+
+
+RETRY_MARGIN = 0.2  # seconds after a lease runs out: the store's clock and ours differ a little
+
+
+def _triage(triage, tag, data, again):
+    """Triage one event; ``again(delay)`` when it found an occurrence held by another claim."""
     try:
-        triage(tag, data)
+        wait = held_for(triage(tag, data))
     except Exception:  # noqa: BLE001 - one event's failure must not stop the engine
         log.exception("hana_storage_triage: triage of %s failed", tag)
+        return
+    if wait is not None:
+        again(wait + RETRY_MARGIN)
 
 
 def start(workers=4, remediation_workers=16, backlog=2000):
@@ -112,7 +160,15 @@ def start(workers=4, remediation_workers=16, backlog=2000):
     path = os.path.join(__opts__["sock_dir"], SOCKET_NAME)
     triage = __runners__["hana_storage.triage"]
     auto = set(__utils__["hana_storage_rules.auto_rules"]())
-    held = threading.BoundedSemaphore(int(backlog))
+    slots = threading.BoundedSemaphore(int(backlog))
+    later = Later()
+
+    def submit(pool, tag, data):
+        def again(delay):
+            later.call(delay, submit, pool, tag, data)
+
+        return pool.submit(_triage, triage, tag, data, again)
+
     with (
         bound(path) as sock,
         concurrent.futures.ThreadPoolExecutor(int(workers)) as alerts,
@@ -120,13 +176,13 @@ def start(workers=4, remediation_workers=16, backlog=2000):
     ):
         log.info("hana_storage_triage: triaging hand-offs on %s", path)
         while True:
-            held.acquire()  # a full backlog stops reading: the socket fills, the reactor falls back
+            slots.acquire()  # a full backlog stops reading: the socket fills, the reactor falls back
             payload = sock.recv(MAX_DATAGRAM)
             try:
                 tag, data = parse(payload)
             except MalformedEvent as error:
                 log.warning("hana_storage_triage: dropped a malformed hand-off: %s", error)
-                held.release()
+                slots.release()
                 continue
             pool = remediations if may_remediate(tag, data, auto) else alerts
-            pool.submit(_triage, triage, tag, data).add_done_callback(lambda _done: held.release())
+            submit(pool, tag, data).add_done_callback(lambda _done: slots.release())

@@ -48,12 +48,12 @@ Master configuration (``conf/master.d/hana-storage.conf``)::
 
 import base64
 import contextlib
-import fcntl
 import json
 import logging
 import os
 import threading
 import time
+import uuid
 
 import salt.client
 import salt.crypt
@@ -67,7 +67,14 @@ log = logging.getLogger(__name__)
 
 __virtualname__ = "hana_storage"
 
-DEFAULTS = {"cooldown": 300, "max_event_age": 600, "require_signature": True, "report_timeout": 120}
+DEFAULTS = {
+    "cooldown": 300,
+    "max_event_age": 600,
+    "require_signature": True,
+    "report_timeout": 120,
+    "lease": 60,
+    "store": {"driver": "local"},
+}
 ALERT_TAG = "hana/storage/alert"
 REMEDIATION_TAG = "hana/storage/remediation"
 REJECTED_TAG = "hana/storage/rejected"
@@ -231,79 +238,92 @@ def verify(tag, data):
     return None
 
 
-def _action_record(minion, rule):
-    """The file holding, for (minion, rule), the last action's time and the occurrences handled."""
-    return os.path.join(__opts__["cachedir"], "hana_storage", "actions", f"{minion}@{rule}")
+def _store():
+    """The store triage keeps its records in (``hana_storage:store``; local files by default).
+    A Redis URL may be an ``sdb://`` reference, so its password need not be in the master's
+    configuration."""
+    settings = dict(_config().get("store") or {})
+    if isinstance(settings.get("url"), str) and settings["url"].startswith("sdb://"):
+        settings["url"] = salt.utils.sdb.sdb_get(settings["url"], __opts__)
+    return _util("store.open_store")(settings, __opts__["cachedir"])
 
 
-def _read_record(record):
-    """{"at": last action time or None, "handled": {finding key: since}}; an older record held
-    only the time; an unreadable one never blocks an action."""
-    text = record.read()
-    try:
-        loaded = json.loads(text) if text else {}
-    except ValueError:
-        loaded = {}
-    if isinstance(loaded, int | float):
-        loaded = {"at": loaded}
-    if not isinstance(loaded, dict):
-        loaded = {}
-    at, handled = loaded.get("at"), loaded.get("handled")
-    return {
-        "at": at if isinstance(at, int | float) else None,
-        "handled": handled if isinstance(handled, dict) else {},
-    }
+# Who holds a claim: this process and this load of the module, after the master's id (_owner).
+# Only ever compared with itself (renew, complete, release); the id makes a lease readable.
+OWNER = f"{os.getpid()}/{uuid.uuid4().hex[:8]}"
+
+
+def _claim(minion, rule, key, since):
+    """What to do about one occurrence of a finding: ``key`` first reported at ``since``.
+
+    "act" (this master holds it under a lease until it completes or releases it), "duplicate"
+    (handled already: a repeated event, the other master's, or a reconciled one), "held" (another
+    claim's lease runs: its master is acting on it) or "cooldown" (an action for this rule within
+    the cooldown: not recorded, so the minion's next audit event brings it back).
+    """
+    config, claim = _config(), _util("store.claim")
+    lease = float(config["lease"])
+    return _store().update(
+        minion, rule, lambda record, now: claim(record, now, key, since, config["cooldown"], _owner(), lease)
+    )
+
+
+def _owner():
+    return f"{__opts__.get('id') or 'master'}/{OWNER}"
+
+
+def _complete(minion, rule, key, since, action):
+    """Record the occurrence as handled and tally ``action`` (the metrics every master shares)."""
+    complete = _util("store.complete")
+    return _store().update(
+        minion,
+        rule,
+        lambda record, _now: complete(record, key, since, _owner()),
+        tally=lambda first: f"{action}|{rule}" if first else None,
+    )
+
+
+def _release(minion, rule, key, keep_cooldown=False, action=None):
+    """Give up the occurrence _claim holds, so a later event acts on it again.
+
+    An alert that never left the master is released with its cooldown (the next event alerts);
+    a remediation that was not verified keeps it (``keep_cooldown``: it was alerted, and the
+    first event after the cooldown tries again), and is tallied as ``action``.
+    """
+    release = _util("store.release")
+    return _store().update(
+        minion,
+        rule,
+        lambda record, _now: release(record, key, _owner(), keep_cooldown),
+        tally=lambda released: f"{action}|{rule}" if released and action else None,
+    )
 
 
 @contextlib.contextmanager
-def _locked_record(minion, rule):
-    """The action record of (minion, rule), read under an exclusive lock; written back on exit.
+def _renewing(minion, held):
+    """Renew the leases of ``held`` [(rule, key)] every third of the lease while the block runs
+    (a remediation waits for its orchestration for longer than a lease), so another master takes
+    the occurrences over only when this one stops renewing them: it died."""
+    lease, renew = float(_config()["lease"]), _util("store.renew")
+    stop = threading.Event()
 
-    ``minion`` is a verified id (``valid_id``: no path separators), ``rule`` one of the table's.
-    """
-    path = _action_record(minion, rule)
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    with os.fdopen(descriptor, "r+", encoding="utf-8") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)  # per open file: excludes threads and processes alike
-        record = _read_record(handle)
-        before = json.dumps(record, sort_keys=True)
-        yield record
-        if json.dumps(record, sort_keys=True) != before:
-            handle.seek(0)
-            handle.truncate()
-            handle.write(json.dumps(record, sort_keys=True))
+    def renew_all():
+        while not stop.wait(lease / 3):
+            for rule, key in held:
+                try:
+                    _store().update(
+                        minion, rule, lambda record, now, k=key: renew(record, now, k, _owner(), lease)
+                    )
+                except Exception as exc:  # noqa: BLE001 - the next round tries again; the lease says how long
+                    log.warning("hana_storage: renewing the lease of %s on %s failed: %s", key, minion, exc)
 
-
-def _claim(minion, rule, key, since, cooldown):
-    """What to do about one occurrence of a finding: ``key`` first reported at ``since``.
-
-    "act" (recorded: this occurrence is handled), "duplicate" (it was handled already: a repeated
-    or reconciled event) or "cooldown" (an action for this rule within the cooldown: not
-    recorded, so the minion's next audit event brings it back once the cooldown is over).
-    """
-    with _locked_record(minion, rule) as record:
-        if key in record["handled"] and record["handled"][key] == since:
-            return "duplicate"
-        now = time.time()
-        if record["at"] is not None and record["at"] <= now < record["at"] + cooldown:
-            return "cooldown"
-        record["at"] = now
-        record["handled"][key] = since
-        return "act"
-
-
-def _release(minion, rule, key, keep_cooldown=False):
-    """Forget the occurrence _claim recorded, so a later event acts on it again.
-
-    An alert that never left the master is forgotten with its cooldown (the next event alerts);
-    a remediation that was not verified keeps it (``keep_cooldown``: it was alerted, and the
-    first event after the cooldown tries again).
-    """
-    with _locked_record(minion, rule) as record:
-        if not keep_cooldown:
-            record["at"] = None
-        record["handled"].pop(key, None)
+    renewer = threading.Thread(target=renew_all, name="hana_storage-lease", daemon=True)
+    renewer.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        renewer.join()
 
 
 def _violation_finding(data):
@@ -364,35 +384,44 @@ def _triage(tag, data):
 
 def _handle(minion, findings, via):
     """One result per finding: alert the manual ones, remediate the auto ones in one orchestration."""
-    config, known = _config(), _util("rules.rule_table")()
+    known, store_error = _util("rules.rule_table")(), _util("store.failures")()
     results, to_fix = [], []
     for finding in findings:
         rule = finding.get("rule")
         if rule not in known:
             results.append({"action": "ignored", "minion": minion, "reason": f"unknown rule {rule!r}"})
             continue
-        claim = _claim(minion, rule, finding["key"], finding["since"], config["cooldown"])
-        if claim != "act":
-            results.append({"action": claim, "minion": minion, "rule": rule})
+        key, since = finding["key"], finding["since"]
+        try:
+            claim = _claim(minion, rule, key, since)
+        except store_error as error:
+            log.error("hana_storage: %s on %s not triaged: %s", rule, minion, error)
+            results.append({"action": "store-failed", "minion": minion, "rule": rule, "reason": str(error)})
+            continue
+        verdict = claim.pop("verdict")
+        if verdict != "act":
+            results.append({"action": verdict, "minion": minion, "rule": rule, **claim})
             continue
         facts = {k: finding.get(k) for k in FACTS}
         facts.update(severity=known[rule]["severity"], via=via)
         if known[rule]["remediation"] == "auto":
-            to_fix.append((facts, finding["key"]))
+            to_fix.append((facts, key, since))
         elif _fire(ALERT_TAG, {"minion": minion, **facts, "remediation": "manual"}):
+            _complete(minion, rule, key, since, "alerted")
             results.append({"action": "alerted", "minion": minion, "rule": rule})
         else:
-            _release(minion, rule, finding["key"])  # the next event alerts again, not the cooldown
+            _release(minion, rule, key)  # the next event alerts again, not the cooldown
             results.append({"action": "alert-failed", "minion": minion, "rule": rule})
     if to_fix:
-        results += _remediate(minion, to_fix)
+        with _renewing(minion, [(facts["rule"], key) for facts, key, _since in to_fix]):
+            results += _remediate(minion, to_fix)
     return results
 
 
 def _remediate(minion, to_fix):
-    """Run the fix for the claimed auto findings [(facts, key)] and report each: only a verified
-    fix (or nothing left to fix) is done; anything else is alerted and its occurrence released."""
-    rules = sorted({facts["rule"] for facts, _key in to_fix})
+    """Run the fix for the claimed auto findings [(facts, key, since)] and report each: only a
+    verified fix (or nothing left to fix) is done; anything else is alerted and released."""
+    rules = sorted({facts["rule"] for facts, _key, _since in to_fix})
     try:
         outcome = __salt__["state.orchestrate"](
             "hana.storage.orch.remediate",
@@ -403,7 +432,7 @@ def _remediate(minion, to_fix):
         outcome = {"data": {}, "comment": str(exc)}
     ret, missing = _remediation_return(outcome, minion)
     results = []
-    for facts, key in to_fix:
+    for facts, key, since in to_fix:
         rule = facts["rule"]
         result, reason = _verdict(ret, missing, rule)
         detail = missing[1] if ret is None else {k: _of_rule(ret[k], rule) for k in REMEDIATE_LISTS}
@@ -412,6 +441,7 @@ def _remediate(minion, to_fix):
         )
         entry = {"minion": minion, "rule": rule, "result": result, "reason": reason, "detail": detail}
         if result in DONE:
+            _complete(minion, rule, key, since, "remediated")
             results.append({"action": "remediated", **entry})
             continue
         alerted = _fire(
@@ -421,7 +451,7 @@ def _remediate(minion, to_fix):
             log.error(
                 "hana_storage: %s on %s is not fixed (%s) and the alert never left", rule, minion, reason
             )
-        _release(minion, rule, key, keep_cooldown=alerted)
+        _release(minion, rule, key, keep_cooldown=alerted, action="remediation-failed")
         results.append({"action": "remediation-failed", "alerted": alerted, **entry})
     return results
 
@@ -474,6 +504,21 @@ def _verdict(ret, missing, rule):
     if _of_rule(ret["fixed"], rule):
         return "fixed", "verified"
     return "absent", "not_found"
+
+
+def tallies():
+    """
+    The actions triage completed, per action and rule (``{"alerted|HANA-ENC-001": 3, ...}``),
+    from its store: with hot masters sharing one, the fleet's across every master. The exporter
+    serves them as ``hana_storage_triage_actions_total``.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run hana_storage.tallies
+    """
+    return _store().tallies()
 
 
 def report(tgt="*", tgt_type="glob", timeout=None):

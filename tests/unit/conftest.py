@@ -17,6 +17,7 @@ import subprocess
 import pytest
 
 from tests.conftest import REPO
+from tests.support.redis_store import redis_server
 
 DATA = REPO / "tests" / "unit" / "data"
 CHEAP_KDF = {
@@ -108,3 +109,10 @@ def rewrite_luks2_json(image, edit):
         rechecksum(data, offset)
     image.write_bytes(bytes(data))
     return image
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory):
+    """A real redis-server for the tier: the triage store several masters share."""
+    with redis_server(tmp_path_factory.mktemp("redis")) as url:
+        yield url

@@ -13,6 +13,7 @@ from pathlib import Path
 import hana_storage_events as events
 import hana_storage_pillar as pillar
 import hana_storage_rules as rules
+import hana_storage_store as store
 import hana_storage_tab as tab
 import pytest
 import salt.crypt
@@ -33,6 +34,7 @@ def load(path, name):
 UTILS = {f"hana_storage_events.{n}": getattr(events, n) for n in dir(events) if not n.startswith("_")}
 UTILS |= {f"hana_storage_rules.{n}": getattr(rules, n) for n in dir(rules) if not n.startswith("_")}
 UTILS |= {f"hana_storage_tab.{n}": getattr(tab, n) for n in dir(tab) if not n.startswith("_")}
+UTILS |= {f"hana_storage_store.{n}": getattr(store, n) for n in dir(store) if not n.startswith("_")}
 
 
 def finding(rule="HANA-PERF-002", volume="data", device="/dev/mapper/hana_data"):
@@ -416,7 +418,8 @@ def test_manual_rule_claimed_auto_only_alerts(runner, pki):
 
 
 def test_flood_gets_one_action_per_minion_and_rule(runner, pki):
-    """10,000 genuine events, triaged by 10 threads as the reactor's pool does: one remediation."""
+    """10,000 genuine events, triaged by 10 threads as the reactor's pool does: one remediation;
+    the events that came while it ran find the occurrence held, the later ones handled."""
     from concurrent.futures import ThreadPoolExecutor
 
     data = signed(pki, "db1", {"tag": "violation", **finding()})
@@ -427,9 +430,106 @@ def test_flood_gets_one_action_per_minion_and_rule(runner, pki):
                 range(10_000),
             )
         )
-    assert actions.count("remediated") == 1 and actions.count("duplicate") == 9_999
+    assert actions.count("remediated") == 1
+    assert actions.count("duplicate") + actions.count("held") == 9_999 and actions[-1] == "duplicate"
     other = signed(pki, "db2", {"tag": "violation", **finding()})
     assert runner.triage("salt/beacon/db2/hana_storage/violation", other)["action"] == "remediated"
+
+
+@pytest.fixture
+def two_masters(runner, redis_url):
+    """Two masters' triage (own module, own id, own connections) sharing one real Redis store."""
+    prefix = f"two-masters-{time.monotonic_ns()}:"
+    masters = []
+    for name in ("hot-a", "hot-b"):
+        master = load("_runners/hana_storage.py", f"runner_{name}")
+        for attribute in ("__utils__", "__salt__", "_fire", "minion_ret", "orchestrations"):
+            setattr(master, attribute, getattr(runner, attribute))
+        master.fired, master.triaged = [], []
+        master._fire = lambda tag, data, m=master: (
+            (m.triaged if tag == m.TRIAGED_TAG else m.fired).append((tag, data)) or True
+        )
+        settings = {
+            "cooldown": 300,
+            "lease": 1,
+            "store": {"driver": "redis", "url": redis_url, "prefix": prefix},
+        }
+        master.__opts__ = {**runner.__opts__, "id": name, "hana_storage": settings}
+        masters.append(master)
+    return masters
+
+
+def test_hot_masters_act_once_on_what_both_receive(two_masters, pki):
+    """Hot multi-master: each beacon event reaches both masters (one beacon per connection, the
+    same occurrence: same key and since). Every rule on two minions, both masters triaging
+    everything in 8 threads each: one alert or remediation per finding across the two."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    work = []
+    for minion in ("db1", "db2"):
+        for rule in rules.RULES:
+            data = violation(pki, minion, finding(rule), time.time() - 5)
+            work += [(master, minion, data) for master in two_masters]
+    with ThreadPoolExecutor(16) as pool:
+        results = list(
+            pool.map(lambda w: w[0].triage(f"salt/beacon/{w[1]}/hana_storage/violation", w[2]), work)
+        )
+    findings = 2 * len(rules.RULES)
+    acted = [r for r in results if r["action"] in ("alerted", "remediated")]
+    assert len(acted) == findings and len({(r["minion"], r["rule"]) for r in acted}) == findings, results
+    assert {r["action"] for r in results} <= {"alerted", "remediated", "duplicate", "held"}
+    outcomes = ("hana/storage/alert", "hana/storage/remediation")
+    assert len([d for m in two_masters for t, d in m.fired if t in outcomes]) == findings
+    tallies = two_masters[0]._store().tallies()
+    assert tallies == two_masters[1]._store().tallies() and sum(tallies.values()) == findings
+
+
+def test_a_master_that_dies_holding_an_occurrence_is_taken_over(two_masters, pki):
+    """Master a claims an occurrence and dies before acting: master b's copy of the event finds
+    it held, and once a's lease has run out (1 s here) b acts on it, the cooldown a started
+    notwithstanding; a's late completion (had it lived) is not counted twice."""
+    a, b = two_masters
+    tag = "salt/beacon/db1/hana_storage/violation"
+    data = violation(pki, "db1", finding("HANA-ENC-001"), time.time() - 5)
+    claim = a._claim("db1", "HANA-ENC-001", events.finding_key(finding("HANA-ENC-001")), data["ts"])
+    assert claim["verdict"] == "act"  # ... and a dies here
+    held = b.triage(tag, data)
+    assert held["action"] == "held" and 0 < held["retry_in"] <= 1, held
+    assert b.fired == []
+    time.sleep(held["retry_in"] + 0.05)
+    assert b.triage(tag, data)["action"] == "alerted"
+    assert b.triage(tag, data)["action"] == "duplicate"
+    key = events.finding_key(finding("HANA-ENC-001"))
+    assert a._complete("db1", "HANA-ENC-001", key, data["ts"], "alerted") is False
+    assert b._store().tallies() == {"alerted|HANA-ENC-001": 1}
+
+
+def test_a_remediation_outlasting_its_lease_keeps_it(two_masters, pki):
+    """A remediation waits seconds for its orchestration; its master renews the lease meanwhile,
+    so the other master's copy of the event waits instead of fixing the same thing again."""
+    a, b = two_masters
+    tag = "salt/beacon/db1/hana_storage/violation"
+    data = violation(pki, "db1", finding("HANA-PERF-002"), time.time() - 5)
+    slow = a.__salt__["state.orchestrate"]
+    a.__salt__ = {"state.orchestrate": lambda mods, pillar: time.sleep(2.5) or slow(mods, pillar)}
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        fixing = pool.submit(a.triage, tag, data)
+        time.sleep(1.5)  # past the 1 s lease
+        assert b.triage(tag, data)["action"] == "held"
+        assert fixing.result()["action"] == "remediated"
+    assert b.triage(tag, data)["action"] == "duplicate"
+    assert len(a.orchestrations) == 1
+
+
+def test_an_unreachable_store_acts_on_nothing_and_says_so(runner, pki):
+    runner.__opts__["hana_storage"] = {"store": {"driver": "redis", "url": "redis://127.0.0.1:1/0"}}
+    result = runner.triage(
+        "salt/beacon/db1/hana_storage/violation", violation(pki, "db1", finding(), time.time())
+    )
+    assert result["action"] == "store-failed" and "redis store" in result["reason"], result
+    assert runner.fired == [] and runner.orchestrations == []
 
 
 def test_cooldown_survives_a_reload_and_ends(runner, pki):
@@ -827,6 +927,27 @@ def exporter():
     module.__utils__ = UTILS
     registry = CollectorRegistry()
     return module, module.Metrics(registry), registry
+
+
+def test_exporter_serves_the_tallies_of_triages_store(exporter, caplog):
+    """Every master sharing a store serves the same actions, read at each scrape; a store that
+    cannot be read leaves the series out and says why in the log."""
+    module, _metrics, registry = exporter
+    tallies = {"alerted|HANA-ENC-001": 2, "remediated|HANA-PERF-002": 1}
+    reads = []
+
+    def read():
+        reads.append(1)
+        if len(reads) > 1:
+            raise store.StoreError("the redis store: down")
+        return tallies
+
+    registry.register(module.StoreTallies(read))
+    text = generate_latest(registry).decode()
+    assert 'hana_storage_triage_actions_total{action="alerted",rule="HANA-ENC-001"} 2.0' in text
+    assert 'hana_storage_triage_actions_total{action="remediated",rule="HANA-PERF-002"} 1.0' in text
+    assert "hana_storage_triage_actions_total{" not in generate_latest(registry).decode()
+    assert "triage's store could not be read" in caplog.text
 
 
 def test_exporter_follows_findings(exporter):

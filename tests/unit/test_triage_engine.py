@@ -104,35 +104,83 @@ def test_a_malformed_hand_off_is_a_clear_error(engine, payload):
         engine.parse(payload)
 
 
-def test_the_engine_triages_each_hand_off_and_drops_malformed_ones(sock_dir, engine, caplog):
-    seen, done = [], threading.Event()
-
-    def triage(tag, data):
-        if data.get("boom"):
-            raise RuntimeError("one event's failure")
-        seen.append((tag, data))
-        if len(seen) == 3:
-            done.set()
-
+def running(engine, sock_dir, triage):
+    """The engine's loop in a thread with ``triage`` as its runner; the socket's path once bound."""
     engine.__opts__ = {"sock_dir": sock_dir}
     engine.__runners__ = {"hana_storage.triage": triage}
     engine.__utils__ = {"hana_storage_rules.auto_rules": rules.auto_rules}
     kwargs = {"workers": 2, "remediation_workers": 2, "backlog": 4}
     threading.Thread(target=engine.start, kwargs=kwargs, daemon=True).start()
     path = os.path.join(sock_dir, engine.SOCKET_NAME)
-    deadline = time.monotonic() + 10
-    while not os.path.exists(path):
-        assert time.monotonic() < deadline, "the engine never bound its socket"
-        time.sleep(0.05)
+    eventually(lambda: os.path.exists(path), "the engine never bound its socket")
+    return path
+
+
+def eventually(check, what, timeout=10):
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def hand_off(path, *events):
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
-        sender.sendto(b"not json", path)
-        sender.sendto(json.dumps({"tag": TAG, "data": {"boom": True}}).encode(), path)
-        for n, rule in enumerate(("HANA-PERF-002", "HANA-ENC-001", None)):
-            sender.sendto(json.dumps({"tag": TAG, "data": {"n": n, "rule": rule}}).encode(), path)
-    assert done.wait(10), seen
+        for event in events:
+            sender.sendto(event if isinstance(event, bytes) else json.dumps(event).encode(), path)
+
+
+def test_the_engine_triages_each_hand_off_and_drops_malformed_ones(sock_dir, engine, caplog):
+    seen = []
+
+    def triage(tag, data):
+        if data.get("boom"):
+            raise RuntimeError("one event's failure")
+        seen.append((tag, data))
+
+    path = running(engine, sock_dir, triage)
+    hand_off(path, b"not json", {"tag": TAG, "data": {"boom": True}})
+    hand_off(
+        path,
+        *(
+            {"tag": TAG, "data": {"n": n, "rule": r}}
+            for n, r in enumerate(("HANA-PERF-002", "HANA-ENC-001", None))
+        ),
+    )
+    eventually(lambda: len(seen) == 3, f"three triaged: {seen}")
     assert sorted(d["n"] for _t, d in seen) == [0, 1, 2]
-    assert "dropped a malformed hand-off" in caplog.text
-    assert "triage of salt/beacon/db1/hana_storage/violation failed" in caplog.text
+    eventually(lambda: "dropped a malformed hand-off" in caplog.text, "the malformed hand-off logged")
+    eventually(lambda: f"triage of {TAG} failed" in caplog.text, "the failed triage logged")
+
+
+def test_an_occurrence_another_master_holds_is_triaged_again_when_its_lease_runs_out(sock_dir, engine):
+    """Hot masters: the other master holds the occurrence (it may have died holding it). The
+    engine triages the event again once the lease has run out, and stops when it is handled."""
+    calls = []
+    answers = iter(
+        [
+            {"action": "held", "retry_in": 0.3},
+            {
+                "action": "reconciled",
+                "findings": [{"action": "duplicate"}, {"action": "held", "retry_in": 0.2}],
+            },
+            {"action": "alerted"},
+        ]
+    )
+
+    def triage(tag, data):
+        calls.append(time.monotonic())
+        return next(answers)
+
+    path = running(engine, sock_dir, triage)
+    hand_off(path, {"tag": TAG, "data": {"rule": "HANA-ENC-001"}})
+    eventually(lambda: len(calls) == 3, f"triaged three times: {calls}")
+    time.sleep(1)
+    assert len(calls) == 3, "handled: not triaged again"
+    assert (
+        calls[1] - calls[0] >= 0.3 + engine.RETRY_MARGIN and calls[2] - calls[1] >= 0.2 + engine.RETRY_MARGIN
+    )
+    assert engine.held_for({"action": "held", "retry_in": "soon"}) is None
+    assert engine.held_for(None) is None
 
 
 def test_events_that_may_remediate_go_to_their_own_pool(engine):

@@ -1,0 +1,266 @@
+"""
+Where triage keeps what it has done, so that no occurrence of a finding is acted on twice: per
+minion and rule, the time of the last action (the cooldown), the occurrences handled, and the
+occurrences being handled now, each under a lease.
+
+A record, ``{"at": time or None, "handled": {key: since}, "held": {key: {"since", "owner",
+"until"}}}``, changes only through the pure functions below (``claim``, ``renew``, ``complete``,
+``release``), each inside one atomic read-modify-write of a store:
+
+* ``local`` (the default): a file per minion and rule under the master's cachedir, changed under
+  ``flock``. Zero set-up, one master.
+* ``redis``: a key per minion and rule on a Redis server all masters share (hot multi-master),
+  changed in a ``WATCH``/``MULTI`` transaction, with the server's clock (``TIME``) so that the
+  masters' clocks need not agree. Redis because a SLES or RHEL site can start it from its own
+  packages with one command (``systemctl start redis``; valkey on the newest releases), its
+  transactions give the compare-and-set a claim needs and nothing more, and Salt has no store
+  with an atomic compare-and-set of its own (its ``cache`` modules only read and write).
+
+A lease is what lets another master take over: a master that dies after claiming an occurrence
+stops renewing the lease, and once it has run out (``lease`` seconds, renewed every third of it
+while a remediation runs) the next master to see the occurrence claims it, cooldown or not - the
+cooldown was started by that very occurrence. Until then, a claim answers ``held`` and says when
+to look again.
+
+Each completed action is also tallied in the store (``tallies``: counts per action and rule), so
+the metrics of every master that shares it agree.
+"""
+
+import contextlib
+import fcntl
+import json
+import os
+import time
+
+try:
+    import redis
+except ImportError:  # only the redis driver needs it (requirements/master.in)
+    redis = None
+
+TALLY = "tallies"  # the local store's file, and the Redis hash, of the completed actions
+WATCH_ATTEMPTS = 50  # a transaction retried this often lost to other masters every time
+
+
+class StoreError(Exception):
+    """The store could not be read or changed: nothing was decided."""
+
+
+def failures():
+    """What a store raises when it decided nothing (the loader hands out functions, not classes)."""
+    return StoreError
+
+
+# ---- the record and its changes (pure) -------------------------------------------------------
+
+
+def empty():
+    return {"at": None, "handled": {}, "held": {}}
+
+
+def load(text):
+    """The record in ``text``; one that is empty, unreadable or of another shape is empty (it never
+    blocks an action). An older record held only the time, or no leases."""
+    try:
+        loaded = json.loads(text) if text else {}
+    except ValueError:
+        loaded = {}
+    if isinstance(loaded, int | float) and not isinstance(loaded, bool):
+        loaded = {"at": loaded}
+    if not isinstance(loaded, dict):
+        return empty()
+    record = empty()
+    if isinstance(loaded.get("at"), int | float) and not isinstance(loaded["at"], bool):
+        record["at"] = loaded["at"]
+    for field in ("handled", "held"):
+        if isinstance(loaded.get(field), dict):
+            record[field] = loaded[field]
+    record["held"] = {
+        key: lease
+        for key, lease in record["held"].items()
+        if isinstance(lease, dict) and isinstance(lease.get("until"), int | float)
+    }
+    return record
+
+
+def dump(record):
+    return json.dumps(record, sort_keys=True, separators=(",", ":"))
+
+
+def claim(record, now, key, since, cooldown, owner, lease):
+    """Whether ``owner`` acts on the occurrence ``key`` first reported at ``since``.
+
+    Returns ``{"verdict": ...}``: "act" (it holds the occurrence until ``now + lease``),
+    "duplicate" (handled already), "held" (another claim's lease runs; ``retry_in`` seconds) or
+    "cooldown" (an action for this rule within the cooldown).
+    """
+    if record["handled"].get(key) == since:
+        return {"verdict": "duplicate"}
+    held = record["held"].get(key)
+    taking_over = held is not None and held.get("since") == since
+    if taking_over and held["until"] > now:
+        return {"verdict": "held", "retry_in": round(held["until"] - now, 3)}
+    if not taking_over and record["at"] is not None and record["at"] <= now < record["at"] + cooldown:
+        return {"verdict": "cooldown"}
+    record["at"] = now
+    record["held"][key] = {"since": since, "owner": owner, "until": now + lease}
+    return {"verdict": "act", "took_over": taking_over}
+
+
+def renew(record, now, key, owner, lease):
+    """Extend ``owner``'s lease; False when it holds the occurrence no more."""
+    held = record["held"].get(key)
+    if held is None or held.get("owner") != owner:
+        return False
+    held["until"] = now + lease
+    return True
+
+
+def complete(record, key, since, owner):
+    """The occurrence is handled. False when it was handled already (by a master that took it over
+    after ``owner``'s lease ran out): ``owner``'s action is then the second one."""
+    first = record["handled"].get(key) != since
+    if record["held"].get(key, {}).get("owner") == owner:
+        del record["held"][key]
+    record["handled"][key] = since
+    return first
+
+
+def release(record, key, owner, keep_cooldown):
+    """Give the occurrence up unhandled, so a later event acts on it again; without
+    ``keep_cooldown`` the cooldown goes too (the action never happened)."""
+    if record["held"].get(key, {}).get("owner") != owner:
+        return False
+    del record["held"][key]
+    if not keep_cooldown:
+        record["at"] = None
+    return True
+
+
+# ---- the stores -------------------------------------------------------------------------------
+
+
+class LocalStore:
+    """Records as files under ``<cachedir>/hana_storage/actions``, one per minion and rule."""
+
+    driver = "local"
+
+    def __init__(self, cachedir):
+        self.root = os.path.join(cachedir, "hana_storage", "actions")
+
+    def update(self, minion, rule, change, tally=None):
+        """``change(record, now)``'s return, the record written back if it changed; ``tally``
+        (a function of that return: a tally name or None) counted in the same lock."""
+        with self._locked(f"{minion}@{rule}") as (record, now):
+            result = change(record, now)
+        name = tally(result) if tally else None
+        if name:
+            with self._locked(TALLY, raw=True) as (counts, _now):
+                counts[name] = counts.get(name, 0) + 1
+        return result
+
+    def tallies(self):
+        with self._locked(TALLY, raw=True) as (counts, _now):
+            return dict(counts)
+
+    @contextlib.contextmanager
+    def _locked(self, name, raw=False):
+        """The record (or, ``raw``, the JSON mapping) in file ``name``, under an exclusive lock;
+        written back on exit when it changed. ``name`` holds a verified minion id (``valid_id``:
+        no path separators) and a rule of the table."""
+        os.makedirs(self.root, mode=0o700, exist_ok=True)
+        try:
+            descriptor = os.open(os.path.join(self.root, name), os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as error:
+            raise StoreError(f"the local store at {self.root}: {error}") from None
+        with os.fdopen(descriptor, "r+", encoding="utf-8") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)  # per open file: excludes threads and processes alike
+            text = handle.read()
+            if raw:
+                try:
+                    value = json.loads(text) if text else {}
+                except ValueError:
+                    value = {}
+                value = value if isinstance(value, dict) else {}
+            else:
+                value = load(text)
+            before = json.dumps(value, sort_keys=True)
+            yield value, time.time()
+            if json.dumps(value, sort_keys=True) != before:
+                handle.seek(0)
+                handle.truncate()
+                handle.write(json.dumps(value, sort_keys=True))
+
+
+class RedisStore:
+    """Records as Redis keys ``<prefix>action:<minion>@<rule>``, the tallies as the hash
+    ``<prefix>tallies``; every change is one ``WATCH``/``MULTI`` transaction timed by the server."""
+
+    driver = "redis"
+
+    def __init__(self, url, prefix="hana_storage:", timeout=5):
+        if redis is None:
+            raise StoreError(
+                "the redis store needs the Python package redis on the master (requirements/master.in)"
+            )
+        try:
+            self.client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        except ValueError as error:
+            raise StoreError(f"not a Redis URL: {error}") from None
+        self.prefix = prefix
+
+    def update(self, minion, rule, change, tally=None):
+        key = f"{self.prefix}action:{minion}@{rule}"
+        try:
+            with self.client.pipeline() as pipe:
+                for _attempt in range(WATCH_ATTEMPTS):
+                    try:
+                        pipe.watch(key)
+                        seconds, micros = pipe.time()
+                        text = pipe.get(key)
+                        record = load(text.decode() if text else "")
+                        before = dump(record)
+                        result = change(record, seconds + micros / 1e6)
+                        name = tally(result) if tally else None
+                        pipe.multi()
+                        if dump(record) != before:
+                            pipe.set(key, dump(record))
+                        if name:
+                            pipe.hincrby(self.prefix + TALLY, name, 1)
+                        pipe.execute()
+                        return result
+                    except redis.WatchError:
+                        continue  # another master changed the record between our read and write
+        except redis.RedisError as error:
+            raise StoreError(f"the redis store: {error}") from None
+        raise StoreError(f"the redis store: {key} changed under {WATCH_ATTEMPTS} transactions in a row")
+
+    def tallies(self):
+        try:
+            counts = self.client.hgetall(self.prefix + TALLY)
+        except redis.RedisError as error:
+            raise StoreError(f"the redis store: {error}") from None
+        return {name.decode(): int(count) for name, count in counts.items()}
+
+
+_OPENED = {}  # one store (and Redis connection pool, shared by threads) per settings
+
+
+def open_store(settings, cachedir):
+    """The store the triage settings name: ``{"driver": "local"}`` (default) or ``{"driver":
+    "redis", "url": "redis://host:6379/0", "prefix": "hana_storage:"}``. StoreError for
+    settings it cannot use."""
+    settings = settings or {}
+    if not isinstance(settings, dict):
+        raise StoreError(f"hana_storage:store must be a mapping, not {settings!r}")
+    driver = settings.get("driver", "local")
+    ident = (driver, settings.get("url"), settings.get("prefix"), cachedir)
+    if ident not in _OPENED:
+        if driver == "local":
+            _OPENED[ident] = LocalStore(cachedir)
+        elif driver == "redis":
+            if not isinstance(settings.get("url"), str):
+                raise StoreError("hana_storage:store:url is needed for the redis driver")
+            _OPENED[ident] = RedisStore(settings["url"], settings.get("prefix") or "hana_storage:")
+        else:
+            raise StoreError(f"hana_storage:store:driver {driver!r} is not one of local, redis")
+    return _OPENED[ident]

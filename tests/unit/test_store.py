@@ -1,0 +1,142 @@
+"""The triage store: the record's changes (pure), and both drivers - local files and a real
+redis-server - deciding one claim among concurrent masters."""
+
+import json
+import threading
+import time
+
+import hana_storage_store as store
+import pytest
+
+KEY, SINCE = "HANA-ENC-001|data|/dev/vdb", 1000.0
+
+
+# ---- the record (pure) ---------------------------------------------------------------------------
+
+
+def test_one_claim_acts_and_the_occurrence_is_handled_once():
+    record = store.empty()
+    assert store.claim(record, 10.0, KEY, SINCE, 300, "a", 60) == {"verdict": "act", "took_over": False}
+    assert store.claim(record, 11.0, KEY, SINCE, 300, "b", 60) == {"verdict": "held", "retry_in": 59.0}
+    assert store.complete(record, KEY, SINCE, "a") is True
+    assert record["held"] == {} and record["handled"] == {KEY: SINCE}
+    assert store.claim(record, 12.0, KEY, SINCE, 300, "b", 60) == {"verdict": "duplicate"}
+    # the same finding again, a new occurrence: the rule's cooldown holds it back
+    assert store.claim(record, 13.0, KEY, SINCE + 5, 300, "b", 60) == {"verdict": "cooldown"}
+    assert store.claim(record, 311.0, KEY, SINCE + 5, 300, "b", 60)["verdict"] == "act"
+
+
+def test_a_lease_that_ran_out_is_taken_over_cooldown_or_not():
+    """The holder died: its cooldown was started by this very occurrence, so it does not defer
+    the takeover; the dead holder's late completion is the second one, and says so."""
+    record = store.empty()
+    store.claim(record, 10.0, KEY, SINCE, 300, "a", 60)
+    assert store.renew(record, 40.0, KEY, "b", 60) is False  # only the holder renews
+    assert store.renew(record, 40.0, KEY, "a", 60) is True
+    assert store.claim(record, 99.0, KEY, SINCE, 300, "b", 60)["verdict"] == "held"
+    assert store.claim(record, 100.5, KEY, SINCE, 300, "b", 60) == {"verdict": "act", "took_over": True}
+    assert store.release(record, KEY, "a", keep_cooldown=False) is False  # not a's any more
+    assert store.complete(record, KEY, SINCE, "b") is True
+    assert store.complete(record, KEY, SINCE, "a") is False
+
+
+def test_a_release_lets_the_next_event_act():
+    record = store.empty()
+    store.claim(record, 10.0, KEY, SINCE, 300, "a", 60)
+    assert store.release(record, KEY, "a", keep_cooldown=True) is True
+    assert store.claim(record, 11.0, KEY, SINCE, 300, "b", 60) == {"verdict": "cooldown"}
+    store.claim(record, 311.0, KEY, SINCE, 300, "b", 60)
+    store.release(record, KEY, "b", keep_cooldown=False)  # the alert never left: no cooldown either
+    assert store.claim(record, 312.0, KEY, SINCE, 300, "a", 60)["verdict"] == "act"
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "not json", "[1, 2]", "true", '{"at": "x", "handled": [], "held": {"k": {"until": "x"}}}'],
+)
+def test_an_unreadable_record_never_blocks_an_action(text):
+    record = store.load(text)
+    assert record == store.empty()
+    assert store.claim(record, 10.0, KEY, SINCE, 300, "a", 60)["verdict"] == "act"
+
+
+def test_an_older_record_keeps_its_cooldown():
+    assert store.load("1234.5") == {**store.empty(), "at": 1234.5}
+    old = store.load(json.dumps({"at": 5.0, "handled": {KEY: SINCE}}))
+    assert old["held"] == {} and store.claim(old, 6.0, KEY, SINCE, 300, "a", 60) == {"verdict": "duplicate"}
+
+
+@pytest.mark.parametrize(
+    ("settings", "says"),
+    [
+        ("redis://x", "must be a mapping"),
+        ({"driver": "etcd"}, "not one of local, redis"),
+        ({"driver": "redis"}, "url is needed"),
+        ({"driver": "redis", "url": "http://127.0.0.1"}, "not a Redis URL"),
+    ],
+)
+def test_store_settings_it_cannot_use_are_a_clear_error(settings, says, tmp_path):
+    with pytest.raises(store.StoreError, match=says):
+        store.open_store(settings, str(tmp_path))
+
+
+# ---- the drivers ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["local", "redis"])
+def two_masters(request, tmp_path, redis_url):
+    """Two stores over the same records, as two masters open them (own connections, own locks)."""
+    if request.param == "local":
+        return store.LocalStore(str(tmp_path)), store.LocalStore(str(tmp_path))
+    prefix = f"test-{time.monotonic_ns()}:"
+    return store.RedisStore(redis_url, prefix), store.RedisStore(redis_url, prefix)
+
+
+def test_concurrent_masters_make_exactly_one_claim(two_masters):
+    """16 threads on two masters claim the same occurrence at once: one acts, and completing it
+    is tallied once, the same tally on either master."""
+    verdicts, start = [], threading.Barrier(16)
+
+    def contend(n):
+        mine = two_masters[n % 2]
+        start.wait()
+        verdict = mine.update(
+            "db1", "HANA-ENC-001", lambda r, now: store.claim(r, now, KEY, SINCE, 300, n, 60)
+        )
+        verdicts.append((n, verdict["verdict"]))
+
+    threads = [threading.Thread(target=contend, args=(n,)) for n in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    winners = [n for n, verdict in verdicts if verdict == "act"]
+    assert len(winners) == 1 and sorted(v for _, v in verdicts).count("held") == 15, verdicts
+    first = two_masters[0].update(
+        "db1",
+        "HANA-ENC-001",
+        lambda r, _now: store.complete(r, KEY, SINCE, winners[0]),
+        tally=lambda first: "alerted|HANA-ENC-001" if first else None,
+    )
+    assert first is True
+    assert two_masters[0].tallies() == two_masters[1].tallies() == {"alerted|HANA-ENC-001": 1}
+
+
+def test_redis_leases_run_on_the_servers_clock(redis_url, monkeypatch):
+    """A master whose clock is an hour ahead still gives a lease of ``lease`` seconds."""
+    shared = store.RedisStore(redis_url, f"clock-{time.monotonic_ns()}:")
+    server_now = shared.client.time()[0]
+    monkeypatch.setattr(time, "time", lambda: server_now + 3600)
+    shared.update("db1", "HANA-ENC-001", lambda r, now: store.claim(r, now, KEY, SINCE, 300, "a", 60))
+    (lease,) = store.load(shared.client.get(f"{shared.prefix}action:db1@HANA-ENC-001").decode())[
+        "held"
+    ].values()
+    assert server_now + 55 < lease["until"] < server_now + 65
+
+
+def test_an_unreachable_redis_is_a_store_error():
+    unreachable = store.RedisStore("redis://127.0.0.1:1/0", timeout=1)
+    with pytest.raises(store.StoreError, match="redis store"):
+        unreachable.update(
+            "db1", "HANA-ENC-001", lambda r, now: store.claim(r, now, KEY, SINCE, 300, "a", 60)
+        )
