@@ -403,7 +403,7 @@ def _handle(minion, findings, via):
             results.append({"action": verdict, "minion": minion, "rule": rule, **claim})
             continue
         facts = {k: finding.get(k) for k in FACTS}
-        facts.update(severity=known[rule]["severity"], via=via)
+        facts.update(severity=known[rule]["severity"], via=via, key=key, since=since)  # since: the occurrence
         if known[rule]["remediation"] == "auto":
             to_fix.append((facts, key, since))
         elif _fire(ALERT_TAG, {"minion": minion, **facts, "remediation": "manual"}):

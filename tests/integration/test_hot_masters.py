@@ -1,0 +1,206 @@
+"""Hot multi-master with real parts: two salt-masters sharing one master key and one real
+redis-server as triage's store, and two salt-minion daemons connected to both (``master`` a list:
+one connection, one beacon and one scheduler per master), the beacon running as shipped on them.
+
+Each minion's pillar names a volume whose device does not exist here (manual findings) and a key
+file, and disables fixing, so nothing on the host is changed. Each finding reaches both masters
+(once per beacon instance), and:
+
+* both beacon instances name each occurrence alike (key and since), and across the two masters
+  each finding gets exactly one alert; the fleet report and the triage metrics read the same
+  from either master;
+* then the key file becomes readable by others (HANA-KEY-001, an auto rule): the first master
+  to start a remediation for it is killed, process tree and all, while the orchestration waits;
+  the other master finds the occurrence held, takes it over once the lease (5 s here) has run
+  out, and every finding still ends in exactly one remediation and one alert (not fixed: not
+  allowed) across the two masters - none twice, none lost.
+"""
+
+import contextlib
+import os
+import shutil
+import signal
+import time
+
+import hana_storage_rules as rules
+import psutil
+import pytest
+import salt.version
+
+from tests.conftest import REPO
+from tests.integration.master_bus import Bus, wait_for_reactor, wait_until
+from tests.support.master import formula_master, free_port, pillar_tree
+from tests.support.redis_store import redis_server
+
+pytestmark = pytest.mark.integration
+
+LEASE = 5
+MINIONS = ("hana-hot-minion-1", "hana-hot-minion-2")
+BEACON = {"hana_storage": [{"interval": 1}, {"full_audit_interval": 10}]}
+OUTCOMES = ("hana/storage/alert", "hana/storage/remediation")
+
+
+@pytest.fixture(scope="module")
+def key_file(tmp_path_factory):
+    key = tmp_path_factory.mktemp("hot-key") / "hana.key"
+    key.write_bytes(os.urandom(64))
+    key.chmod(0o600)
+    return key
+
+
+@pytest.fixture(scope="module")
+def hot(salt_factories, tmp_path_factory, event_listener, key_file):
+    """(masters [a, b] as Bus, minions): the topology above, torn down in reverse."""
+    storage = {
+        "key": {"source": "keyfile", "path": str(key_file)},
+        "volumes": {"itest": {"mountpoint": "/hana/itest-hot", "devices": ["/dev/hana-itest-hot-missing"]}},
+        "compliance": {"remediation": {"enabled": False}},
+    }
+    pillar = pillar_tree(tmp_path_factory.mktemp("hot-pillar"), storage)
+    with contextlib.ExitStack() as stack:
+        url = stack.enter_context(redis_server(tmp_path_factory.mktemp("hot-redis")))
+        settings = {"cooldown": 3600, "lease": LEASE, "store": {"driver": "redis", "url": url}}
+        masters, ports = [], {}
+        for name, address in (("hana-hot-a", "127.0.0.1"), ("hana-hot-b", "127.0.0.2")):
+            exporter = free_port()
+            overrides = formula_master(
+                pillar,
+                reactor=True,
+                exporter_port=exporter,
+                hana_storage=settings,
+                interface=address,
+                **ports,
+            )
+            factory = salt_factories.salt_master_daemon(name, overrides=overrides)
+            if masters:  # hot masters share one key pair: the minion checks both with one master.pub
+                for part in ("master.pem", "master.pub"):
+                    shutil.copy2(
+                        os.path.join(masters[0].factory.config["pki_dir"], part), factory.config["pki_dir"]
+                    )
+            stack.enter_context(factory.started(start_timeout=120))
+            wait_for_reactor(factory, event_listener)
+            masters.append(Bus(factory, f"http://127.0.0.1:{exporter}/metrics"))
+            ports = {"ret_port": factory.config["ret_port"], "publish_port": factory.config["publish_port"]}
+        minions = []
+        for name in MINIONS:
+            overrides = {"master": ["127.0.0.1", "127.0.0.2"], "beacons": BEACON}
+            minion = masters[0].factory.salt_minion_daemon(name, overrides=overrides)
+            stack.enter_context(minion.started(start_timeout=120))
+            minions.append(minion)
+        for master in masters:  # each connection's loader, beacons included, reloads after a sync
+            wait_until(lambda m=master: accepted(m, MINIONS), what=f"{master.id} accepting the minions")
+            sync = master.factory.salt_cli(timeout=300).run(
+                "saltutil.sync_all", minion_tgt="hana-hot-minion-*"
+            )
+            assert sync.returncode == 0 and len(sync.data) == len(MINIONS), sync
+        try:
+            yield masters, minions
+        finally:  # the daemons' logs outlive the run: the place to read why a step timed out
+            logs = REPO / "build" / "test-logs" / f"hot-masters-{salt.version.__saltstack_version__.major}"
+            logs.mkdir(parents=True, exist_ok=True)
+            for daemon in [m.factory for m in masters] + minions:
+                with contextlib.suppress(OSError):
+                    shutil.copy2(daemon.config["log_file"], logs / f"{daemon.id}.log")
+
+
+def accepted(master, minions):
+    return all(os.path.exists(os.path.join(master.factory.config["pki_dir"], "minions", m)) for m in minions)
+
+
+def violations(event_listener, master, after):
+    found = event_listener.get_events([(master.id, "salt/beacon/*/hana_storage/violation")], after_time=after)
+    return [
+        (e.tag.split("/")[2], e.data["key"], e.data["since"]) for e in found if "key" in e.data
+    ]  # not probes
+
+
+def outcomes(event_listener, masters, after, rule=None):
+    """[(master, tag, minion, rule)] of every alert and remediation either master fired."""
+    found = []
+    for master in masters:
+        for tag in OUTCOMES:
+            for event in event_listener.get_events([(master.id, tag)], after_time=after):
+                if rule in (None, event.data["rule"]):
+                    found.append((master.id, tag, event.data["minion"], event.data["rule"]))
+    return found
+
+
+def expected(findings):
+    """The outcomes of exactly-once triage for {(minion, rule)}, with fixing disabled."""
+    auto = set(rules.auto_rules())
+    return sorted(
+        (tag, minion, rule)
+        for minion, rule in findings
+        for tag in (OUTCOMES if rule in auto else ("hana/storage/alert",))
+    )
+
+
+def kill_tree(master):
+    """What a master's host dying does to it: every process of it killed at once, no clean-up."""
+    parent = psutil.Process(master.factory.pid)
+    family = [parent, *parent.children(recursive=True)]
+    for process in family:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.send_signal(signal.SIGKILL)
+    psutil.wait_procs(family, timeout=30)
+
+
+def test_each_finding_is_alerted_once_across_both_masters(hot, event_listener):
+    masters, minions = hot
+    started = time.time() - 600  # everything since the topology came up
+
+    def both_saw_everything():
+        seen = [sorted(set(violations(event_listener, m, started))) for m in masters]
+        return (
+            seen if seen[0] and seen[0] == seen[1] and len({s[0] for s in seen[0]}) == len(minions) else None
+        )
+
+    # one violation per finding from each connection's beacon, named alike: key and since
+    wait_until(both_saw_everything, timeout=240, what="both masters receiving every finding")
+    time.sleep(LEASE + 10)  # the findings of later audits, a held event's retry, a second outcome
+    seen = both_saw_everything()
+    assert seen, [sorted(set(violations(event_listener, m, started))) for m in masters]
+    findings = {(minion, key.split("|")[0]) for minion, key, _since in seen[0]}
+    found = outcomes(event_listener, masters, started)
+    # a manual finding: one alert; an auto one: one remediation (not fixed: not allowed) and one alert
+    assert sorted((tag, m, r) for _master, tag, m, r in found) == expected(findings), (found, seen)
+    reports = [
+        m.factory.salt_run_cli(timeout=300).run("hana_storage.report", "--out=json").data for m in masters
+    ]
+    assert reports[0]["rows"] == reports[1]["rows"] and len({r["minion"] for r in reports[0]["rows"]}) == 2
+    actions = [
+        {k: v for k, v in m.metrics().items() if k[0] == "hana_storage_triage_actions_total"} for m in masters
+    ]
+    assert actions[0] == actions[1] and sum(actions[0].values()) == len(findings), actions
+
+
+def test_a_master_killed_while_remediating_is_taken_over(hot, event_listener, key_file):
+    masters, minions = hot
+    started = time.time()
+    key_file.chmod(0o644)  # HANA-KEY-001 on both minions at their beacons' next full audits
+
+    def first_remediating():
+        for master in masters:
+            jobs = event_listener.get_events([(master.id, "salt/job/*/new")], after_time=started)
+            if any(e.data.get("fun") == "hana_storage.remediate" for e in jobs):
+                return master
+        return None
+
+    victim = wait_until(first_remediating, timeout=120, what="a master starting a remediation")
+    kill_tree(victim)
+    survivor = next(m for m in masters if m is not victim)
+    wanted = expected({(minion.id, "HANA-KEY-001") for minion in minions})
+
+    def settled():
+        found = sorted(
+            (tag, m, r) for _master, tag, m, r in outcomes(event_listener, masters, started, "HANA-KEY-001")
+        )
+        return found if len(found) >= len(wanted) else None
+
+    wait_until(settled, timeout=LEASE * 4 + 120, what="a remediation and an alert for every minion")
+    time.sleep(LEASE + 5)
+    final = outcomes(event_listener, masters, started, "HANA-KEY-001")
+    assert sorted((tag, m, r) for _master, tag, m, r in final) == wanted, final
+    # the survivor's exporter serves the store's tallies: the victim's actions and its own
+    labels = {"action": "remediation-failed", "rule": "HANA-KEY-001"}
+    assert survivor.metric("hana_storage_triage_actions_total", **labels) == len(minions)
