@@ -23,8 +23,10 @@ import signal
 import time
 
 import hana_storage_rules as rules
+import hana_storage_store
 import psutil
 import pytest
+import redis
 import salt.version
 
 from tests.conftest import REPO
@@ -32,7 +34,18 @@ from tests.integration.master_bus import Bus, wait_for_reactor, wait_until
 from tests.support.master import formula_master, free_port, pillar_tree
 from tests.support.redis_store import redis_server
 
-pytestmark = pytest.mark.integration
+pytestmark = [
+    pytest.mark.integration,
+    # Seen on 3008.5: a minion connected to two masters runs its beacons in its main process, and
+    # there the first salt:// fetch of the beacon's audit (the formula's defaults) waits until
+    # "File client timed out after 180 seconds", on every full audit: no finding reaches either
+    # master. One master is not affected (the VM tier's drift bench runs 3008). README, "More
+    # than one master".
+    pytest.mark.skipif(
+        salt.version.__saltstack_version__.major >= 3008,
+        reason="Salt 3008: a multi-master minion's beacon cannot fetch salt:// files (README)",
+    ),
+]
 
 LEASE = 5
 MINIONS = ("hana-hot-minion-1", "hana-hot-minion-2")
@@ -94,7 +107,7 @@ def hot(salt_factories, tmp_path_factory, event_listener, key_file):
             )
             assert sync.returncode == 0 and len(sync.data) == len(MINIONS), sync
         try:
-            yield masters, minions
+            yield masters, minions, url
         finally:  # the daemons' logs outlive the run: the place to read why a step timed out
             logs = REPO / "build" / "test-logs" / f"hot-masters-{salt.version.__saltstack_version__.major}"
             logs.mkdir(parents=True, exist_ok=True)
@@ -136,17 +149,19 @@ def expected(findings):
 
 
 def kill_tree(master):
-    """What a master's host dying does to it: every process of it killed at once, no clean-up."""
+    """What a master's host dying does to it: every process of it stopped at once (none runs on
+    while the others are being killed), then killed; no clean-up."""
     parent = psutil.Process(master.factory.pid)
     family = [parent, *parent.children(recursive=True)]
-    for process in family:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            process.send_signal(signal.SIGKILL)
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for process in family:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.send_signal(sig)
     psutil.wait_procs(family, timeout=30)
 
 
 def test_each_finding_is_alerted_once_across_both_masters(hot, event_listener):
-    masters, minions = hot
+    masters, minions, _url = hot
     started = time.time() - 600  # everything since the topology came up
 
     def both_saw_everything():
@@ -175,18 +190,27 @@ def test_each_finding_is_alerted_once_across_both_masters(hot, event_listener):
 
 
 def test_a_master_killed_while_remediating_is_taken_over(hot, event_listener, key_file):
-    masters, minions = hot
+    masters, minions, url = hot
     started = time.time()
+    store = redis.Redis.from_url(url)
     key_file.chmod(0o644)  # HANA-KEY-001 on both minions at their beacons' next full audits
 
-    def first_remediating():
-        for master in masters:
-            jobs = event_listener.get_events([(master.id, "salt/job/*/new")], after_time=started)
-            if any(e.data.get("fun") == "hana_storage.remediate" for e in jobs):
-                return master
+    def claimant():
+        """(master, minion) of a claim on HANA-KEY-001 held now (the lease's owner starts with the
+        master's id), or None."""
+        for name in store.scan_iter("hana_storage:action:*@HANA-KEY-001"):
+            for lease in hana_storage_store.load((store.get(name) or b"").decode())["held"].values():
+                holder = next(m for m in masters if str(lease.get("owner", "")).startswith(f"{m.id}/"))
+                return holder, name.decode().split(":")[-1].split("@")[0]
         return None
 
-    victim = wait_until(first_remediating, timeout=120, what="a master starting a remediation")
+    # a claim is taken before the orchestration starts, which waits for the minion's audit (a few
+    # hundred ms here): the store is polled so the kill lands while the claim is held
+    deadline = time.monotonic() + 120
+    while not (claim := claimant()):
+        assert time.monotonic() < deadline, "no master claimed HANA-KEY-001"
+        time.sleep(0.005)
+    victim, held_for = claim
     kill_tree(victim)
     survivor = next(m for m in masters if m is not victim)
     wanted = expected({(minion.id, "HANA-KEY-001") for minion in minions})
@@ -201,6 +225,8 @@ def test_a_master_killed_while_remediating_is_taken_over(hot, event_listener, ke
     time.sleep(LEASE + 5)
     final = outcomes(event_listener, masters, started, "HANA-KEY-001")
     assert sorted((tag, m, r) for _master, tag, m, r in final) == wanted, final
+    # what the victim held when it died, the survivor did
+    assert {master for master, _tag, m, _r in final if m == held_for} == {survivor.id}, final
     # the survivor's exporter serves the store's tallies: the victim's actions and its own
     labels = {"action": "remediation-failed", "rule": "HANA-KEY-001"}
     assert survivor.metric("hana_storage_triage_actions_total", **labels) == len(minions)
