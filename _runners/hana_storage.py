@@ -275,7 +275,7 @@ def _owner():
 def _complete(minion, rule, key, since, action):
     """Record the occurrence as handled and tally ``action`` (the metrics every master shares)."""
     complete = _util("store.complete")
-    return _store().update(
+    return _recorded(
         minion,
         rule,
         lambda record, _now: complete(record, key, since, _owner()),
@@ -291,12 +291,22 @@ def _release(minion, rule, key, keep_cooldown=False, action=None):
     first event after the cooldown tries again), and is tallied as ``action``.
     """
     release = _util("store.release")
-    return _store().update(
+    return _recorded(
         minion,
         rule,
         lambda record, _now: release(record, key, _owner(), keep_cooldown),
         tally=lambda released: f"{action}|{rule}" if released and action else None,
     )
+
+
+def _recorded(minion, rule, change, tally):
+    """Record what was done. When the store cannot take it, the claim stays until its lease runs
+    out and the occurrence is triaged again then: acted on twice rather than forgotten."""
+    try:
+        return _store().update(minion, rule, change, tally=tally)
+    except _util("store.failures")() as error:
+        log.error("hana_storage: %s on %s was handled but not recorded: %s", rule, minion, error)
+        return None
 
 
 @contextlib.contextmanager

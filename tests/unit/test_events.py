@@ -523,6 +523,25 @@ def test_a_remediation_outlasting_its_lease_keeps_it(two_masters, pki):
     assert len(a.orchestrations) == 1
 
 
+def test_a_store_lost_after_the_claim_is_logged_and_the_alert_stands(runner, pki, caplog):
+    """The alert left; recording it failed: triage says what it did, the claim's lease runs out."""
+    real, calls = runner._store(), []
+
+    class Failing:
+        def update(self, *args, **kwargs):
+            calls.append(1)
+            if len(calls) > 1:
+                raise store.StoreError("the redis store: connection lost")
+            return real.update(*args, **kwargs)
+
+    runner._store = Failing
+    result = runner.triage(
+        "salt/beacon/db1/hana_storage/violation", violation(pki, "db1", finding("HANA-ENC-001"), time.time())
+    )
+    assert result["action"] == "alerted" and [t for t, _d in runner.fired] == ["hana/storage/alert"]
+    assert "handled but not recorded" in caplog.text
+
+
 def test_an_unreachable_store_acts_on_nothing_and_says_so(runner, pki):
     runner.__opts__["hana_storage"] = {"store": {"driver": "redis", "url": "redis://127.0.0.1:1/0"}}
     result = runner.triage(
