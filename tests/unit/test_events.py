@@ -318,6 +318,15 @@ def audit(pki, minion, open_since):
     return signed(pki, minion, beacon_events.audit_data(open_since), event="audit")
 
 
+def record_fired(module):
+    """The runner's ``_fire`` replaced by a recorder: what triage fired about the event itself
+    (``module.fired``), and the outcome it reported on hana/storage/triaged (``module.triaged``)."""
+    module.fired, module.triaged = [], []
+    module._fire = lambda tag, data: (
+        (module.triaged if tag == module.TRIAGED_TAG else module.fired).append((tag, data)) or True
+    )
+
+
 @pytest.fixture
 def runner(pki, tmp_path):
     module = load("_runners/hana_storage.py", "runner_under_test")
@@ -328,11 +337,8 @@ def runner(pki, tmp_path):
         "minion_id_lowercase": False,
     }
     module.__utils__ = UTILS
-    module.fired, module.triaged, module.orchestrations = [], [], []
-    # what triage fired about the event itself, and the outcome it reported on hana/storage/triaged
-    module._fire = lambda tag, data: (
-        (module.triaged if tag == module.TRIAGED_TAG else module.fired).append((tag, data)) or True
-    )
+    module.orchestrations = []
+    record_fired(module)
 
     def fixed_all(rules):
         """What the minion's remediate() returns when it fixed every rule asked for: verified."""
@@ -443,12 +449,9 @@ def two_masters(runner, redis_url):
     masters = []
     for name in ("hot-a", "hot-b"):
         master = load("_runners/hana_storage.py", f"runner_{name}")
-        for attribute in ("__utils__", "__salt__", "_fire", "minion_ret", "orchestrations"):
+        for attribute in ("__utils__", "__salt__", "minion_ret", "orchestrations"):
             setattr(master, attribute, getattr(runner, attribute))
-        master.fired, master.triaged = [], []
-        master._fire = lambda tag, data, m=master: (
-            (m.triaged if tag == m.TRIAGED_TAG else m.fired).append((tag, data)) or True
-        )
+        record_fired(master)
         settings = {
             "cooldown": 300,
             "lease": 1,
