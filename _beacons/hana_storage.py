@@ -10,7 +10,9 @@ Watches the kernel and audits only what it touches:
   uevent): a HANA mountpoint mounted, unmounted or remounted re-audits that volume;
 * a second audit of the same volumes a couple of seconds after such an event, for changes that
   complete after the event (a LUKS2 header written after the table reload);
-* a full audit every ``full_audit_interval`` seconds, the safety net for lost events.
+* a full audit every ``full_audit_interval`` seconds, the safety net for lost events. It runs in
+  a thread of its own, so a kernel event is audited in the tick it arrives in, not after a full
+  audit of every device; what a tick audited meanwhile is newer than the full audit's view of it.
 
 An idle tick polls two file descriptors and returns: no subprocess, no device read.
 
@@ -57,6 +59,7 @@ its data, so the master can tell which minion really sent it (Salt lets any mini
 
 import base64
 import contextlib
+import contextvars
 import errno
 import fcntl
 import json
@@ -265,6 +268,7 @@ def _state():
             "saved": None,  # (what was last written, wall time): an unchanged record is not rewritten
             "memory_error": None,  # the last problem with the memory file (logged once)
             "next_full": None,  # monotonic time the next full audit is due (None: now)
+            "full": None,  # the FullAudit running, if one is
             "watch": None,
             "watched": {},  # volume -> kernel names of its stack and disks
             "mountpoints": {},  # volume -> mountpoint
@@ -555,6 +559,47 @@ def _remember(state, fresh, wall, force=False):
         since.update((k, since.get(k, wall)) for k in fresh)
 
 
+class FullAudit:
+    """A full audit in a thread of its own, so that a kernel event is audited while it runs.
+
+    A full audit reads every device of every volume, which takes seconds on a large host (and
+    on the lab's emulated one); run in the tick, a drift that came meanwhile waited for it. The
+    thread only calls the read-only audit and keeps what it returned: the ticks alone touch the
+    beacon's state. A volume that a tick audits while this one runs is newer there, and this
+    audit's result for it is dropped (``newer``): it may have read the volume before the change
+    the tick reported, and would otherwise report it resolved.
+    """
+
+    def __init__(self, audit):
+        # the baseline for mount-table changes, read before the audit: a change while it runs
+        # is then seen by the next tick, never folded unseen into the baseline
+        self.mounts = _read_mounts()
+        self.newer = {}  # volume -> its entry in the tick's report (None: no longer in the pillar)
+        self.report = self.error = self.seconds = None
+        self._start(audit)
+
+    def _start(self, audit):
+        # the loader's context goes with the call (Salt keeps it in contextvars)
+        self.thread = threading.Thread(
+            target=contextvars.copy_context().run,
+            args=(self.run, audit),
+            name="hana_storage-full-audit",
+            daemon=True,  # never holds up a minion that stops
+        )
+        self.thread.start()
+
+    def run(self, audit):
+        started = time.monotonic()
+        try:
+            self.report = audit(volumes=None)
+        except Exception as error:  # noqa: BLE001 - the tick that collects it reports it
+            self.error = error
+        self.seconds = time.monotonic() - started
+
+    def done(self):
+        return not self.thread.is_alive()
+
+
 def beacon(config):
     """
     Audit HANA storage on kernel events and periodically; report findings as they appear and clear.
@@ -582,29 +627,42 @@ def beacon(config):
             state["watch"].close()  # a socket that failed once fails on every tick: not read again
         state["watch"] = KernelWatch(False)
     now = time.monotonic()
-    full = lost or state["next_full"] is None or now >= state["next_full"]
-    scope, trigger = None, "full"
+    if lost:
+        state["next_full"] = None  # due now, or as soon as the one running ends
+    full = state.get("full")  # .get: a context kept from a beacon without threads
+    if full is None and (state["next_full"] is None or now >= state["next_full"]):
+        state["full"] = full = FullAudit(__salt__["hana_storage.audit"])
+        state["next_full"] = now + config["full_audit_interval"]
+    out = []
+    scope, trigger = _kernel_scope(state, devices, mounts_changed, now)
+    if scope:
+        out += _audit_volumes(state, scope, trigger)
+    if full is not None and full.done():
+        state["full"] = None
+        out += _finish_full(state, full, now, config["full_audit_interval"])
+    return _emit(state, out)
+
+
+def _kernel_scope(state, devices, mounts_changed, now):
+    """(volumes to audit in this tick, trigger): those a kernel event touched, else the volumes
+    of the settle pass when it is due; an empty scope on an idle tick."""
+    scope = set(_events("affected_volumes")(devices, state["watched"]))
+    if mounts_changed:
+        view = _events("mount_view")(_read_mounts(), set(state["mountpoints"].values()))
+        changed = set(_events("changed_mountpoints")(state["mounts"], view))
+        scope |= {v for v, point in state["mountpoints"].items() if point in changed}
+        state["mounts"] = view
+    trigger = "uevent" if devices else "mount"
     settle = state["settle"]
-    if not full:
-        scope = set(_events("affected_volumes")(devices, state["watched"]))
-        if mounts_changed:
-            view = _events("mount_view")(_read_mounts(), set(state["mountpoints"].values()))
-            changed = set(_events("changed_mountpoints")(state["mounts"], view))
-            scope |= {v for v, point in state["mountpoints"].items() if point in changed}
-            state["mounts"] = view
-        trigger = "uevent" if devices else "mount"
-        if scope:
-            # audit again once things settle: a tool may write the LUKS header after the
-            # table reload that raised the uevent (cryptsetup refresh --persistent does)
-            state["settle"] = (scope | (settle[0] if settle else set()), trigger, now + SETTLE_SECONDS)
-        elif settle and now >= settle[2]:
-            scope, trigger = settle[:2]
-            state["settle"] = None
-        else:
-            return []  # the idle tick: nothing happened that touches a HANA volume
-    else:
+    if scope:
+        # audit again once things settle: a tool may write the LUKS header after the table
+        # reload that raised the uevent (cryptsetup refresh --persistent does)
+        state["settle"] = (scope | (settle[0] if settle else set()), trigger, now + SETTLE_SECONDS)
+        return scope, trigger
+    if settle and now >= settle[2]:
         state["settle"] = None
-    return _emit(state, _audit(state, scope, trigger, now, config["full_audit_interval"]))
+        return settle[0], settle[1]
+    return set(), trigger
 
 
 def close(config):
@@ -612,7 +670,8 @@ def close(config):
     Release what the beacon holds open and write its memory; Salt calls this before it replaces
     the beacon loader (a module or pillar refresh) and on each tick of a state run when
     ``disable_during_state_run`` is set. The memory in ``__context__`` stays: the next tick opens
-    a new watch and, having missed what happened meanwhile, audits everything.
+    a new watch and, having missed what happened meanwhile, audits everything. A full audit
+    still running is left to finish on its own; what it finds is not used.
     """
     state = __context__.get(CONTEXT)
     if not state:
@@ -624,35 +683,67 @@ def close(config):
         except OSError as error:
             log.debug("hana_storage beacon: closing the kernel watch: %s", error)
     state["next_full"] = None
+    state["full"] = None
     state["settle"] = None
     if state.get("instance") is not None:
         _remember(state, [], time.time())
 
 
-def _audit(state, scope, trigger, now, full_interval):
-    started = time.monotonic()
+def _failed(state, error, trigger):
+    """The error event of a failed audit, once per distinct message."""
+    message = str(error)
+    if message == state["error"]:
+        return []
+    state["error"] = message
+    log.error("hana_storage beacon: audit failed: %s", message)
+    return [{"tag": "error", "message": message, "trigger": trigger, "ts": time.time()}]
+
+
+def _watched(volumes):
+    """What later uevents map to: each volume's stack and pillar disks (kernel names)."""
+    return {n: sorted(set(v["stack"]) | set(v["disks"])) for n, v in volumes.items()}
+
+
+def _audit_volumes(state, scope, trigger):
+    """Audit the volumes a kernel event touched, now: the events of what appeared and cleared."""
     try:
-        report = __salt__["hana_storage.audit"](volumes=sorted(scope) if scope is not None else None)
+        report = __salt__["hana_storage.audit"](volumes=sorted(scope))
     except Exception as error:  # noqa: BLE001 - a beacon must never take the minion down
-        message = str(error)
-        if scope is None:
-            # until a full audit succeeds, uevents map to nothing: try again soon
-            state["next_full"] = now + min(RETRY_SECONDS, full_interval)
-        if message == state["error"]:
-            return []
-        state["error"] = message
-        log.error("hana_storage beacon: audit failed: %s", message)
-        return [{"tag": "error", "message": message, "trigger": trigger, "ts": time.time()}]
+        return _failed(state, error, trigger)
     state["error"] = None
-    # what later uevents map to: each audited volume's stack and pillar disks (kernel names)
-    watched = {n: sorted(set(v["stack"]) | set(v["disks"])) for n, v in report["volumes"].items()}
-    mountpoints = {n: v["mountpoint"] for n, v in report["volumes"].items()}
-    if scope is None:
-        state["watched"], state["mountpoints"] = watched, mountpoints
-        state["mounts"] = _events("mount_view")(_read_mounts(), set(mountpoints.values()))
-    else:
-        state["watched"].update(watched)
-    state["known"], appeared, cleared = _events("diff_findings")(state["known"], report["findings"], scope)
+    if state.get("full") is not None:
+        state["full"].newer.update({name: report["volumes"].get(name) for name in scope})
+    state["watched"].update(_watched(report["volumes"]))
+    return _findings_events(state, report["findings"], scope, trigger)
+
+
+def _finish_full(state, full, now, full_interval):
+    """The events of a full audit that has ended: its findings, less those of the volumes a tick
+    audited while it ran (newer), then the audit event of every open finding."""
+    if full.error is not None:
+        if state["next_full"] is not None:
+            # until a full audit succeeds, uevents map to nothing: try again soon
+            state["next_full"] = min(state["next_full"], now + min(RETRY_SECONDS, full_interval))
+        return _failed(state, full.error, "full")
+    state["error"] = None
+    report, newer = full.report, full.newer
+    volumes = {n: v for n, v in {**report["volumes"], **newer}.items() if v is not None}
+    state["watched"] = _watched(volumes)
+    state["mountpoints"] = {n: v["mountpoint"] for n, v in volumes.items()}
+    state["mounts"] = _events("mount_view")(full.mounts, set(state["mountpoints"].values()))
+    scope = ({f["volume"] for f in state["known"].values()} | set(report["volumes"])) - set(newer)
+    findings = [f for f in report["findings"] if f["volume"] not in newer]
+    out = _findings_events(state, findings, scope, "full")
+    current = list(state["known"].values())
+    summary = {"compliant": not current, "findings": current, "volumes": volumes}
+    out.append(_events("audit_event")(summary, "full", full.seconds, time.time(), state["since"]))
+    return out
+
+
+def _findings_events(state, findings, scope, trigger):
+    """Violation and resolved events of an audit of ``scope`` (a set of volumes), against what
+    was reported before; records each occurrence's since (see _remember)."""
+    state["known"], appeared, cleared = _events("diff_findings")(state["known"], findings, scope)
     wall = time.time()
     key = _events("finding_key")
     since = state.setdefault("since", {})  # a context kept from a beacon before this field
@@ -662,7 +753,7 @@ def _audit(state, scope, trigger, now, full_interval):
         if key(finding) in since:
             over[key(finding)] = ended[key(finding)] = since.pop(key(finding))
     # an appeared finding (or one a context from before the field lacks): its occurrence's since
-    fresh = [key(f) for f in report["findings"] if key(f) not in since]
+    fresh = [key(f) for f in state["known"].values() if key(f) not in since]
     _remember(state, fresh, wall, force=bool(cleared))
     out = [
         dict(_events("finding_event")("violation", f, trigger, wall), since=since[key(f)]) for f in appeared
@@ -670,8 +761,4 @@ def _audit(state, scope, trigger, now, full_interval):
     out += [
         dict(_events("finding_event")("resolved", f, trigger, wall), since=over.get(key(f))) for f in cleared
     ]
-    if scope is None:
-        state["next_full"] = now + full_interval
-        seconds = time.monotonic() - started
-        out.append(_events("audit_event")(report, trigger, seconds, wall, since))
     return out

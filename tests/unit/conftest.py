@@ -116,3 +116,18 @@ def redis_url(tmp_path_factory):
     """A real redis-server for the tier: the triage store several masters share."""
     with redis_server(tmp_path_factory.mktemp("redis")) as url:
         yield url
+
+
+def full_audits_in_the_tick(beacon):
+    """Run a beacon module's full audits in the tick that starts them, not in a thread: what one
+    tick reports is then certain. tests/unit/test_beacon_state.py runs the thread itself."""
+
+    class InTheTick(beacon.FullAudit):
+        def _start(self, audit):
+            self.run(audit)
+
+        def done(self):
+            return True
+
+    beacon.FullAudit = InTheTick
+    return beacon

@@ -16,6 +16,7 @@ import logging
 import os
 import socket
 import stat
+import threading
 import time
 
 import hana_storage_events as events
@@ -24,6 +25,7 @@ import hana_storage_tab as tab
 import pytest
 
 from tests.conftest import REPO
+from tests.unit.conftest import full_audits_in_the_tick
 
 UTILS = {f"hana_storage_events.{n}": getattr(events, n) for n in dir(events) if not n.startswith("_")}
 UTILS |= {f"hana_storage_tab.{n}": getattr(tab, n) for n in dir(tab) if not n.startswith("_")}
@@ -47,13 +49,19 @@ def finding(rule="HANA-PERF-002", volume="data", device="/dev/mapper/hana_data")
 
 
 class Host:
-    """What hana_storage.audit reports on the simulated host: every beacon instance audits it."""
+    """What hana_storage.audit reports on the simulated host: every beacon instance audits it.
+
+    ``gate``: when set, a full audit reads the host, then waits for the gate before it returns
+    (a slow full audit that read a volume before it changed)."""
 
     def __init__(self):
         self.findings = []
+        self.gate = None
 
     def audit(self, volumes=None):
         findings = [f for f in self.findings if volumes is None or f["volume"] in volumes]
+        if volumes is None and self.gate is not None:
+            assert self.gate.wait(10), "the test never opened the gate"
         return {
             "compliant": not findings,
             "findings": [dict(f) for f in findings],
@@ -93,7 +101,7 @@ def minion(tmp_path, host):
     cachedir = tmp_path / "cache"
     cachedir.mkdir()
 
-    def start(master="salt-a", watch=True):
+    def start(master="salt-a", watch=True, threads=False):
         spec = importlib.util.spec_from_file_location(
             f"beacon_state_{next(COUNTER)}", REPO / "_beacons" / "hana_storage.py"
         )
@@ -111,7 +119,7 @@ def minion(tmp_path, host):
         if watch:
             module.watch = Watch()
             module._state()["watch"] = module.watch
-        return module
+        return module if threads else full_audits_in_the_tick(module)
 
     start.memory = cachedir / "hana_storage" / "beacon-memory.json"
     return start
@@ -533,3 +541,101 @@ def test_events_are_signed_with_the_minions_key_on_every_salt_line(minion, host,
         assert salt.crypt.verify_signature(
             str(pub), message, base64.b64decode(event["sig"]), algorithm=salt.crypt.PKCS1v15_SHA224
         ), event["tag"]
+
+
+# ---- the full audit runs beside the ticks ---------------------------------------------------------
+
+
+def collect_full(beacon, config=CONFIG):
+    """Wait for the running full audit, then tick: what that tick reports."""
+    beacon._state()["full"].thread.join(10)
+    return beacon.beacon(config)
+
+
+def full_audit(beacon, config=CONFIG):
+    """Tick, and once more after the full audit it started (or that runs) ended: all they report.
+    A full audit of the simulated host may end within the tick that starts it."""
+    out = beacon.beacon(config)
+    if beacon._state()["full"] is not None:
+        out += collect_full(beacon, config)
+    return out
+
+
+@pytest.fixture
+def slow_full(minion, host):
+    """A beacon with real full-audit threads past its first full audit, and a second full audit
+    running that read the host compliant and waits for ``host.gate``."""
+    beacon = minion(threads=True)
+    assert tags(full_audit(beacon)) == [("audit", None)]
+    host.gate = threading.Event()
+    beacon._state()["next_full"] = None
+    assert beacon.beacon(CONFIG) == []
+    full = beacon._state()["full"]
+    time.sleep(0.05)
+    assert full is not None and not full.done()
+    gate = host.gate
+    yield beacon
+    gate.set()
+
+
+def test_a_drift_while_a_full_audit_runs_is_reported_in_that_tick(slow_full, host):
+    """Regression (issue 17, point 5): the full audit ran in the tick, so a drift that came while
+    it ran waited for it (seconds on a large host), and the drift p95 missed 2 s."""
+    host.findings = [finding()]
+    slow_full.watch.queued.append(({"dm-0"}, False, False))
+    out = slow_full.beacon(CONFIG)
+    assert tags(out) == [("violation", KEY)] and out[0]["trigger"] == "uevent"
+    assert not slow_full._state()["full"].done()
+
+
+def test_a_full_audit_older_than_a_ticks_audit_does_not_undo_it(slow_full, host):
+    """The full audit read the volume before the drift: its compliant view of that volume is
+    dropped, so no resolved event follows the violation, and the audit lists the finding."""
+    host.findings = [finding()]
+    slow_full.watch.queued.append(({"dm-0"}, False, False))
+    violation = slow_full.beacon(CONFIG)[0]
+    host.gate.set()
+    out = collect_full(slow_full)
+    assert tags(out) == [("audit", None)]
+    assert out[0]["open"] == {KEY: finding()["severity"]} and out[0]["since"] == {KEY: violation["since"]}
+    assert out[0]["volumes"]["data"]["rules"] == ["HANA-PERF-002"] and not out[0]["compliant"]
+    assert slow_full.beacon(CONFIG) == []
+
+
+def test_a_full_audit_still_reports_what_cleared_on_volumes_no_tick_audited(slow_full, host):
+    slow_full._state()["known"][KEY] = finding()  # open before this full audit read the host
+    slow_full._state()["since"][KEY] = 1.0
+    host.gate.set()
+    out = collect_full(slow_full)
+    assert tags(out) == [("resolved", KEY), ("audit", None)] and out[0]["since"] == 1.0
+
+
+def test_close_drops_a_running_full_audit_and_the_next_tick_starts_anew(slow_full, host):
+    running = slow_full._state()["full"]
+    slow_full.close(CONFIG)
+    host.gate.set()
+    running.thread.join(10)
+    host.gate = None
+    host.findings = [finding()]
+    assert tags(full_audit(slow_full)) == [("violation", KEY), ("audit", None)]  # a new one
+
+
+def test_uevents_lost_while_a_full_audit_runs_start_another_after_it(slow_full, host):
+    slow_full.watch.queued.append((set(), False, True))
+    assert slow_full.beacon(CONFIG) == []  # one at a time
+    host.gate.set()
+    assert tags(collect_full(slow_full)) == [("audit", None)]
+    host.gate = None
+    assert tags(full_audit(slow_full)) == [("audit", None)]  # due at once
+
+
+def test_a_full_audit_that_fails_in_its_thread_is_reported_and_retried_soon(minion, host):
+    beacon = minion(threads=True)
+
+    def broken(volumes=None):
+        raise TimeoutError("File client timed out after 180 seconds")
+
+    beacon.__salt__["hana_storage.audit"] = broken
+    out = full_audit(beacon)
+    assert tags(out) == [("error", None)] and out[0]["trigger"] == "full"
+    assert beacon._state()["next_full"] - time.monotonic() <= beacon.RETRY_SECONDS

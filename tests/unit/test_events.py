@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from tests import beacon_events
 from tests.conftest import REPO
 from tests.support.keys import keypair
+from tests.unit.conftest import full_audits_in_the_tick
 
 
 def load(path, name):
@@ -140,7 +141,7 @@ def beacon(tmp_path):
     module.__context__.pop("hana_storage.beacon")
     module._state()["watch"] = module.watch
     module._read_mounts = lambda: []
-    return module
+    return full_audits_in_the_tick(module)
 
 
 def test_kernel_watch_sees_a_real_uevent_from_another_thread(beacon):
