@@ -380,7 +380,7 @@ def _run(argv):
 def _size_bytes(size):
     text = str(size).strip().upper().removesuffix("B").removesuffix("I")
     number, unit = (text[:-1], text[-1]) if text[-1:] in SIZE_UNITS else (text, "")
-    if not number.isdigit() or int(number) <= 0:
+    if not (number.isascii() and number.isdigit()) or int(number) <= 0:
         raise CommandExecutionError(f"size {size!r}: expected a positive number with K, M, G or T")
     return int(number) * SIZE_UNITS[unit]
 

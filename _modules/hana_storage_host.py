@@ -131,7 +131,7 @@ def _sysfs():
         size = _read(f"{base}/size").strip()
         info = {
             "dev": dev,
-            "size": int(size) if size.isdigit() else 0,
+            "size": int(size) if size.isascii() and size.isdigit() else 0,
             "slaves": _listdir(f"{base}/slaves"),
             "holders": _listdir(f"{base}/holders"),
             "partition_of": None,
@@ -724,7 +724,7 @@ def probe(devices, key_file=None):
         types = [s["type"] for s in result["signatures"]]
         if not types and not result["pttype"]:
             size = _read(f"{SYSFS_BLOCK}/{name}/size").strip()
-            result["data_at"] = _first_data(name, int(size) * 512 if size.isdigit() else HEAD_BYTES)
+            result["data_at"] = _first_data(name, int(size) * 512 if size.isascii() and size.isdigit() else HEAD_BYTES)
         if "crypto_LUKS" in types:
             header = _header_of(name)
             result["luks"] = {k: header.get(k) for k in ("version", "uuid", "error") if k in header}

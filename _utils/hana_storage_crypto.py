@@ -46,7 +46,7 @@ def _checked(entry, number):
     for key in ("name", "driver", "priority"):
         if key not in entry:
             raise ProcCryptoError(f"the entry ending at line {number} has no {key}")
-    if not entry["priority"].isdigit():
+    if not (entry["priority"].isascii() and entry["priority"].isdigit()):
         raise ProcCryptoError(f"the entry ending at line {number}: priority {entry['priority']!r}")
     return {**entry, "priority": int(entry["priority"])}
 

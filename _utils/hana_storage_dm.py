@@ -122,7 +122,7 @@ def _key_facts(key):
         return {"key_type": "none", "key_bits": 0}
     if key.startswith(":"):
         parts = key.split(":", 3)
-        if len(parts) != 4 or not parts[1].isdigit():
+        if len(parts) != 4 or not (parts[1].isascii() and parts[1].isdigit()):
             raise DmTableError("crypt key reference is not ':<size>:<type>:<description>'")
         return {"key_type": f"keyring-{parts[2]}", "key_bits": int(parts[1]) * 8}
     if re.fullmatch(r"[0-9a-fA-F]+", key):
@@ -166,7 +166,7 @@ def _device(text):
 
 
 def _number(text, what):
-    if not text.isdigit() or len(text) > 20:
+    if not (text.isascii() and text.isdigit()) or len(text) > 20:
         raise DmTableError(f"{what} {_clip(text)} is not a number")
     return int(text)
 

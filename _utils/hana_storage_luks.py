@@ -445,7 +445,7 @@ def _numbered(mapping, what):
         raise LuksError(f"{what}s are not a JSON object")
     items = []
     for key, value in mapping.items():
-        if not (isinstance(key, str) and key.isdigit() and len(key) < 10):
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) < 10):
             raise LuksError(f"{what} id {key!r} is not a number")
         if not isinstance(value, dict):
             raise LuksError(f"{what} {key} is not a JSON object")
@@ -466,7 +466,7 @@ def _field(mapping, key, kind, where):
 
 def _int_text(value, where):
     """LUKS2 stores 64-bit numbers as decimal strings."""
-    if isinstance(value, str) and value.isdigit() and len(value) <= 20:
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 20:
         return int(value)
     raise LuksError(f"{where}: {value!r} is not a decimal string")
 

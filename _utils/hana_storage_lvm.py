@@ -112,7 +112,7 @@ def _integer(row, key, where):
     value = _string(row, key, where)
     if value == "":
         return 0
-    if not value.isdigit() or len(value) > 20:
+    if not (value.isascii() and value.isdigit()) or len(value) > 20:
         raise LvmReportError(f"{where}: field {key!r} is not a number: {value[:40]!r}")
     return int(value)
 

@@ -63,7 +63,7 @@ def parse_fstab(text):
             raise TabError(f"fstab line {number}: expected 3 to 6 fields, got {len(fields)}")
         fields += ["defaults", "0", "0"][len(fields) - 3 :]
         for index in (4, 5):
-            if not fields[index].isdigit():
+            if not (fields[index].isascii() and fields[index].isdigit()):
                 raise TabError(
                     f"fstab line {number}: field {index + 1} {fields[index][:20]!r} is not a number"
                 )

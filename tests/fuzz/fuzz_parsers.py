@@ -41,7 +41,24 @@ DATA = REPO / "tests" / "unit" / "data" / "lab-mix"
 KERNEL_MOUNTINFO = REPO / "tests" / "unit" / "data" / "mountinfo" / "kernel-6.18-unshare.bin"
 CRASHES = REPO / "build" / "fuzz"
 INTERESTING = [0, 1, 0x7F, 0x80, 0xFF, 0xFFFF, 0xFFFFFFFF, 2**63 - 1, 2**64 - 1, 4096, 16384]
-JSON_VALUES = [None, True, -1, 0, 2**70, 1.5, "", "x" * 300, [], {}, "aes-xts-plain64", "4096", "-1"]
+# "²" is a digit to str.isdigit() that int() refuses; "٣" is a decimal digit int() reads as 3
+JSON_VALUES = [
+    None,
+    True,
+    -1,
+    0,
+    2**70,
+    1.5,
+    "",
+    "x" * 300,
+    [],
+    {},
+    "aes-xts-plain64",
+    "4096",
+    "-1",
+    "²",
+    "٣",
+]
 
 
 def luks_read(image):
@@ -187,7 +204,20 @@ def mutate_text(rng, text):
         roll = rng.random()
         if roll < 0.3 and tokens:
             tokens[rng.randrange(len(tokens))] = rng.choice(
-                ["", "0", "-1", "99999999999999999999", "x", "sector_size:513", "1:2:3", ":", "\t", "\\040"]
+                [
+                    "",
+                    "0",
+                    "-1",
+                    "99999999999999999999",
+                    "x",
+                    "sector_size:513",
+                    "1:2:3",
+                    ":",
+                    "\t",
+                    "\\040",
+                    "²",
+                    "٣",
+                ]
             )
         elif roll < 0.5 and tokens:
             del tokens[rng.randrange(len(tokens))]

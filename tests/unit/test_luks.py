@@ -424,3 +424,17 @@ def test_jwk_thumbprint_is_rfc_7638s():
 def test_a_clevis_token_that_is_not_a_tang_binding_is_an_error_never_a_traceback(token):
     binding = luks.clevis_binding(token)
     assert set(binding) == {"error"}, binding
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda meta: meta["segments"].update({"²": meta["segments"].pop("0")}),
+        lambda meta: meta["segments"]["0"].update(offset="²"),
+    ],
+    ids=["object id", "decimal string"],
+)
+def test_a_digit_int_cannot_read_is_a_luks_error(make_luks, edit):
+    """Regression: str.isdigit() accepts "²", and int() then raised ValueError."""
+    with pytest.raises(luks.LuksError):
+        parse_file(rewrite_luks2_json(make_luks(), edit))

@@ -524,3 +524,39 @@ def test_a_key_in_the_target_field_is_no_table_line():
     with pytest.raises(dm.DmTableError):
         dm.parse_tables(f"name: 1 1 {HEX_KEY}")
     assert dm.parse_tables("name: 0 8 thin-pool-16char 1")["name"][0]["target"] == "thin-pool-16char"
+
+
+# "²" is a digit to str.isdigit() but not to int(): each parser must refuse it with its own error
+SUPERSCRIPT_TWO = [
+    ("fstab", lambda: tab.parse_fstab("/dev/a /hana/data xfs defaults ² 0\n"), tab.TabError),
+    (
+        "proc-crypto",
+        lambda: kcrypto.parse_proc_crypto(
+            (DATA / "proc-crypto-aesni.txt").read_text().replace("priority     : 100", "priority     : ²", 1)
+        ),
+        kcrypto.ProcCryptoError,
+    ),
+    ("dm length", lambda: dm.parse_tables("hana_data: 0 ² linear 254:0 0\n"), dm.DmTableError),
+    (
+        "dm key size",
+        lambda: dm.parse_tables("hana_data: 0 8 crypt aes-xts-plain64 :²:logon:k 0 254:0 0\n"),
+        dm.DmTableError,
+    ),
+    (
+        "lvs",
+        lambda: lvm.parse_segments(
+            (DATA / "lab-mix" / "lvs-segments.json").read_text().replace('"stripes":"2"', '"stripes":"²"', 1)
+        ),
+        lvm.LvmReportError,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "parse, error", [c[1:] for c in SUPERSCRIPT_TWO], ids=[c[0] for c in SUPERSCRIPT_TWO]
+)
+def test_a_digit_int_cannot_read_is_the_parsers_own_error(parse, error):
+    """Regression: str.isdigit() accepts "²", and int() then raised ValueError (hypothesis found
+    it in the fstab parser)."""
+    with pytest.raises(error):
+        parse()
