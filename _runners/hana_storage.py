@@ -48,6 +48,7 @@ Master configuration (``conf/master.d/hana-storage.conf``)::
 
 import base64
 import contextlib
+import contextvars
 import json
 import logging
 import os
@@ -327,7 +328,11 @@ def _renewing(minion, held):
                 except Exception as exc:  # noqa: BLE001 - the next round tries again; the lease says how long
                     log.warning("hana_storage: renewing the lease of %s on %s failed: %s", key, minion, exc)
 
-    renewer = threading.Thread(target=renew_all, name="hana_storage-lease", daemon=True)
+    # in a copy of this context: Salt keeps the loader's dunders (__opts__ ...) in contextvars,
+    # and a plain new thread sees none of them
+    renewer = threading.Thread(
+        target=contextvars.copy_context().run, args=(renew_all,), name="hana_storage-lease", daemon=True
+    )
     renewer.start()
     try:
         yield

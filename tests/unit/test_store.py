@@ -140,3 +140,43 @@ def test_an_unreachable_redis_is_a_store_error():
         unreachable.update(
             "db1", "HANA-ENC-001", lambda r, now: store.claim(r, now, KEY, SINCE, 300, "a", 60)
         )
+
+
+# ---- the runner's lease renewal, loaded by Salt's loader ----------------------------------------
+
+
+def test_a_remediation_renews_its_lease_through_salts_loader(tmp_path, caplog):
+    """Regression: the renewer thread ran outside the loader's context, where Salt's dunders
+    (kept in contextvars) are None: every renewal failed ("'NoneType' object is not
+    subscriptable", in the VM tier's master log), so a remediation that outlasted its lease was
+    taken over and made twice. The tests that load the runner with plain dunders never saw it."""
+    import os
+
+    import salt.config
+    import salt.loader
+
+    from tests.conftest import REPO
+
+    lease = 0.6
+    opts = salt.config.master_config(os.devnull)
+    opts.update(
+        runner_dirs=[str(REPO / "_runners")],
+        utils_dirs=[str(REPO / "_utils")],
+        cachedir=str(tmp_path),
+        hana_storage={"lease": lease, "cooldown": 300},
+    )
+    runners = salt.loader.runner(opts, utils=salt.loader.utils(opts))
+    runner = runners["hana_storage.triage"].func.__globals__  # the module as the loader loaded it
+
+    def remediation_outlasting_its_lease():
+        assert runner["_claim"]("db1", "HANA-PERF-002", KEY, SINCE)["verdict"] == "act"
+        with runner["_renewing"]("db1", [("HANA-PERF-002", KEY)]):
+            time.sleep(lease * 2.5)
+        return runner["_store"]().update(
+            "db1",
+            "HANA-PERF-002",
+            lambda record, now: store.claim(record, now, KEY, SINCE, 300, "other", lease),
+        )
+
+    assert runners.run(remediation_outlasting_its_lease)["verdict"] == "held"
+    assert "renewing the lease" not in caplog.text
