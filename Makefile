@@ -50,7 +50,8 @@ test-integration: deps
 	done; exit $$rc
 
 # the real kernel on the newest line; the events module (a real minion daemon and its beacon in
-# the guest, a real master on the host) on EVENTS_LINES, by default the oldest line only: it is
+# the guest, two hot masters and their Redis store on the host) on EVENTS_LINES, by default the
+# oldest line only: it is
 # the slowest module, and the integration tier runs the real beacon in a real minion daemon on
 # every line (make test-vm EVENTS_LINES="3006 3008" for more)
 EVENTS_LINES ?= $(OLDEST)

@@ -24,8 +24,10 @@ import os
 import pathlib
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
+import threading
 import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -365,6 +367,36 @@ class Lab:
                 digest.update(block)
         return digest.hexdigest()
 
+    def clock(self):
+        """How the guest's clocks stand against the host's (lab/guest_clock.py): {offset, error,
+        realtime_minus_monotonic} in seconds, from UDP exchanges with a clock server on the host's
+        loopback that lives for this call. Needs the guest's network."""
+        stop = threading.Event()
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as server:
+            server.bind(("127.0.0.1", 0))
+            server.settimeout(0.2)
+
+            def serve():
+                while not stop.is_set():
+                    try:
+                        number, peer = server.recvfrom(64)
+                    except TimeoutError:
+                        continue
+                    server.sendto(number + f" {time.time()!r}".encode(), peer)
+
+            thread = threading.Thread(target=serve, name="lab-clock", daemon=True)
+            thread.start()
+            try:
+                out = self.run(
+                    f"python3 {REPO}/lab/guest_clock.py {HOST_FROM_GUEST} {server.getsockname()[1]}",
+                    check=True,
+                    echo=False,
+                ).output
+            finally:
+                stop.set()
+                thread.join()
+        return json.loads(out.strip().splitlines()[-1])
+
     def write(self, guest_path, text, mode=0o644):
         """Write a file inside the guest (through the shared directory)."""
         name = f"file.{self.step}"
@@ -453,14 +485,36 @@ class Lab:
         cmd = f"salt-call -c /run/salt/etc --out={out} --log-level=warning {args}"
         return self.run(cmd, check=check, title=title or f"salt-call {args}", timeout=timeout, echo=echo)
 
-    def start_minion(self, master_port, publish_port, minion_id="hana-lab"):
-        """A real salt-minion daemon in the guest, talking to a master on the host (10.0.2.2)."""
+    def start_minion(self, masters, minion_id="hana-lab"):
+        """A real salt-minion daemon in the guest, talking to masters on the host's loopback.
+
+        ``masters``: one (ret_port, publish_port) per master. One master is reached at the host
+        (10.0.2.2) on its own ports. More than one is Salt's hot multi-master, where a minion
+        expects every master at an address of its own with the same ports (a publish port the
+        master relays is not used while ``publish_port`` has its default): in the guest master i
+        is 127.0.1.i on the standard ports, which socat forwards to its ports on the host.
+        """
+        if len(masters) == 1:
+            (ret_port, publish_port), addresses = masters[0], HOST_FROM_GUEST
+        else:
+            ret_port, publish_port, addresses = 4506, 4505, []
+            for number, ports in enumerate(masters, 1):
+                address = f"127.0.1.{number}"
+                for guest_port, host_port in zip((ret_port, publish_port), ports, strict=True):
+                    self.run(
+                        f"setsid -f socat TCP-LISTEN:{guest_port},bind={address},fork,reuseaddr "
+                        f"TCP:{HOST_FROM_GUEST}:{host_port} </dev/null >/dev/null 2>&1",
+                        check=True,
+                        echo=False,
+                    )
+                addresses.append(address)
+            say(f"the guest reaches {len(masters)} masters at {', '.join(addresses)} (socat to the host)")
         self.write(
             "/run/salt/etc/minion",
             DAEMON_CONFIG.format(
                 id=minion_id,
-                master=HOST_FROM_GUEST,
-                master_port=master_port,
+                master=json.dumps(addresses),
+                master_port=ret_port,
                 publish_port=publish_port,
                 repo=REPO,
             ),

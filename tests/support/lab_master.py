@@ -33,24 +33,28 @@ def lab_storage(vm, beacon=QUIET_BEACON):
     return storage
 
 
-def lab_master(tmp_path_factory, vm, beacon=QUIET_BEACON, **options):
+def lab_master(tmp_path_factory, vm, beacon=QUIET_BEACON, reactor=True, **options):
     """A master on loopback that the guest reaches (10.0.2.2), accepting its key, serving the
-    formula, the lab pillar, the shipped reactor and the master-side modules."""
+    formula, the lab pillar, the master-side modules and (with ``reactor``) the shipped reactor."""
     pillar = pillar_tree(tmp_path_factory.mktemp("pillar"), lab_storage(vm, beacon))
-    return formula_master(pillar, reactor=True, interface="127.0.0.1", auto_accept=True, **options)
+    return formula_master(pillar, reactor=reactor, interface="127.0.0.1", auto_accept=True, **options)
 
 
-def connect_minion(vm, master):
-    """Start the VM's salt-minion and wait until it answers; returns the master's salt CLI."""
-    vm.start_minion(master.config["ret_port"], master.config["publish_port"], MINION)
-    cli = master.salt_cli(timeout=900)
+def connect_minion(vm, *masters):
+    """Start the VM's salt-minion connected to every master given (more than one: hot
+    multi-master) and wait until it answers each; returns the first master's salt CLI."""
+    vm.start_minion([(m.config["ret_port"], m.config["publish_port"]) for m in masters], MINION)
     deadline = time.monotonic() + 600
-    # a short CLI timeout: a publish sent before the minion connected is never answered
-    while cli.run("--timeout=30", "test.ping", minion_tgt=MINION).data is not True:
-        if time.monotonic() > deadline:
-            pytest.fail(f"the minion in the VM never answered; read {vm.console} and {vm.minion_log()}")
-        time.sleep(5)
-    return cli
+    for master in masters:
+        cli = master.salt_cli(timeout=900)
+        # a short CLI timeout: a publish sent before the minion connected is never answered
+        while cli.run("--timeout=30", "test.ping", minion_tgt=MINION).data is not True:
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"the minion in the VM never answered {master.id}; read {vm.console} and {vm.minion_log()}"
+                )
+            time.sleep(5)
+    return masters[0].salt_cli(timeout=900)
 
 
 def wait_for(event_listener, master, tags, after, timeout=240):

@@ -1,6 +1,8 @@
 """A salt-master configured the way conf/master.d/hana-storage.conf configures one, for the
 masters that tests and benchmarks start (pytest-salt-factories ``overrides``)."""
 
+import os
+import shutil
 import socket
 
 import yaml
@@ -94,3 +96,18 @@ def triage_results(event_listener, master_id, after, began=False):
     found = event_listener.get_events([(master_id, "hana/storage/triaged")], after_time=after)
     found = sorted(found, key=lambda e: e.data["began"])
     return [(e.data["began"], e.data["result"]) if began else e.data["result"] for e in found]
+
+
+def started_hot_masters(stack, salt_factories, masters):
+    """Start salt-masters as Salt's hot multi-master peers: ``masters`` is [(id, overrides)].
+    Each master after the first gets the first's key pair (a minion checks every master with one
+    master.pub). Each stops when ``stack`` (a contextlib.ExitStack) closes; returns them."""
+    started = []
+    for name, overrides in masters:
+        factory = salt_factories.salt_master_daemon(name, overrides=overrides)
+        if started:
+            for part in ("master.pem", "master.pub"):
+                shutil.copy2(os.path.join(started[0].config["pki_dir"], part), factory.config["pki_dir"])
+        stack.enter_context(factory.started(start_timeout=120))
+        started.append(factory)
+    return started

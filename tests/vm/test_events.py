@@ -1,36 +1,46 @@
-"""Event-driven compliance end to end, with real daemons and a real kernel.
+"""Event-driven compliance end to end, with real daemons and a real kernel, on two hot masters.
 
-A salt-master runs on the host (pytest-salt-factories) with the formula's reactor, triage runner,
-remediation orchestration and Prometheus exporter engine; a salt-minion daemon runs in the lab
-VM, reaches the master over QEMU user networking, applies hana.storage and runs the compliance
-beacon (its modules load from the checkout: see lab/hana_lab.py DAEMON_CONFIG). The full audit
-interval is an hour, so whatever the beacon reports within seconds came from a kernel event
-(uevent or mount-table change).
+Two salt-masters run on the host (pytest-salt-factories) as Salt's hot multi-master peers: one key
+pair, the formula's reactor, triage engine and runner, remediation orchestration and Prometheus
+exporter engine on each, and one real Redis as the triage store they share (README, "More than
+one master"). A salt-minion daemon runs in the lab VM, connected to both over QEMU user
+networking; it applies hana.storage and runs the compliance beacon, one instance per master
+connection (its modules load from the checkout: see lab/hana_lab.py DAEMON_CONFIG). The full
+audit interval is an hour, so whatever the beacon reports within seconds came from a kernel
+event (uevent or mount-table change).
 
 Scenarios: flags dropped by `cryptsetup refresh`, the crypt table reloaded by `dmsetup` without
-the flags, and an unencrypted XFS mounted at /hana/shared. Latencies from the drift to the
-violation and to the resolved event on the master bus are printed (and kept in build/).
+the flags, and an unencrypted XFS mounted at /hana/shared. Each finding reaches both masters
+with one key and since, and is acted on once across them: one remediation, or one alert.
+Latencies from the drift to the violation and to the resolved event on the first master's bus
+are printed (and kept in build/).
 """
 
 import base64
+import contextlib
 import json
 import os
+import shutil
 import time
 import urllib.request
 
 import pytest
+import redis
 import salt.utils.event
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests import beacon_events
 from tests.conftest import REPO
 from tests.support.lab_master import BEACON, KEY, MINION, connect_minion, lab_master, wait_for
-from tests.support.master import free_port, triage_results
+from tests.support.master import free_port, started_hot_masters, triage_results
+from tests.support.redis_store import redis_server
 from tests.vm.conftest import boot
 
 pytestmark = pytest.mark.vm
 
 LATENCIES = REPO / "build" / "event-latencies.json"
+LEASE = 20  # seconds: a copy held by the other master's claim is triaged again this soon
+STORY_FIELDS = ("rule", "key", "since", "trigger", "via", "result", "reason", "ts", "open")
 
 
 @pytest.fixture(scope="module")
@@ -41,24 +51,52 @@ def vm(request):
 
 
 @pytest.fixture(scope="module")
-def master(request, salt_factories, tmp_path_factory, vm):
-    port = free_port()
-    overrides = lab_master(
-        tmp_path_factory,
-        vm,
-        exporter_port=port,
-        hana_storage={"cooldown": 20},
-        gather_job_timeout=60,  # a minion under software emulation answers find_job slowly
-    )
-    factory = salt_factories.salt_master_daemon("hana-events-master", overrides=overrides)
-    with factory.started(start_timeout=120):
-        factory.metrics_url = f"http://127.0.0.1:{port}/metrics"
-        yield factory
+def store(tmp_path_factory):
+    """The URL of the real Redis the masters share as their triage store."""
+    with redis_server(tmp_path_factory.mktemp("events-redis")) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
-def minion(vm, master):
-    cli = connect_minion(vm, master)
+def masters(salt_factories, tmp_path_factory, vm, store):
+    """[a, b]: two hot masters sharing a key pair and a Redis triage store."""
+    with contextlib.ExitStack() as stack:
+        exporters = {"hana-events-a": free_port(), "hana-events-b": free_port()}
+        configs = [
+            (
+                name,
+                lab_master(
+                    tmp_path_factory,
+                    vm,
+                    exporter_port=port,
+                    hana_storage={"cooldown": 20, "lease": LEASE, "store": {"driver": "redis", "url": store}},
+                    gather_job_timeout=60,  # a minion under software emulation answers find_job slowly
+                ),
+            )
+            for name, port in exporters.items()
+        ]
+        started = started_hot_masters(stack, salt_factories, configs)
+        for factory in started:
+            factory.metrics_url = f"http://127.0.0.1:{exporters[factory.id]}/metrics"
+        try:
+            yield started
+        finally:  # the masters' logs outlive the run: the place to read why a step failed
+            logs = REPO / "build" / "test-logs"
+            logs.mkdir(parents=True, exist_ok=True)
+            for factory in started:
+                with contextlib.suppress(OSError):
+                    shutil.copy2(factory.config["log_file"], logs / f"vm-events-{factory.id}.log")
+
+
+@pytest.fixture(scope="module")
+def master(masters):
+    """The master the single-master checks read: the first."""
+    return masters[0]
+
+
+@pytest.fixture(scope="module")
+def minion(vm, masters):
+    cli = connect_minion(vm, *masters)
     assert cli.run("hana_storage.validate_pillar", minion_tgt=MINION).data == []
     return cli
 
@@ -87,6 +125,34 @@ def value(samples, name, **labels):
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
+def total(masters, name, **labels):
+    """A counter summed over the masters' exporters: each counts the events of its own bus."""
+    return sum(value(metrics(m), name, **labels) for m in masters)
+
+
+def outcomes(event_listener, masters, after, rules):
+    """(tag, rule) of every remediation and alert either master fired for ``rules`` since ``after``."""
+    return sorted(
+        (tag, e.data["rule"])
+        for m in masters
+        for tag in ("hana/storage/remediation", "hana/storage/alert")
+        for e in event_listener.get_events([(m.id, tag)], after_time=after)
+        if e.data.get("rule") in rules
+    )
+
+
+def occurrences(event_listener, masters, after, rules):
+    """Per master, the (key, since) of its violations of ``rules`` since ``after``."""
+    return [
+        sorted(
+            (e.data["key"], e.data["since"])
+            for e in event_listener.get_events([(m.id, f"{BEACON}/violation")], after_time=after)
+            if e.data.get("rule") in rules
+        )
+        for m in masters
+    ]
+
+
 def test_beacon_configured_and_first_audit_compliant(event_listener, master, minion, applied):
     beacons = minion.run("beacons.list", "return_yaml=False", minion_tgt=MINION).data
     assert beacons["hana_storage"]
@@ -99,14 +165,16 @@ def test_beacon_configured_and_first_audit_compliant(event_listener, master, min
     assert value(samples, "hana_storage_last_audit_timestamp_seconds", minion=MINION) > 0
 
 
-def rules_seen(event_listener, master, tag, rules, after, timeout):
-    """Events of ``tag`` after ``after`` until every rule has one; fails with what came instead."""
+def rules_seen(event_listener, masters, tag, rules, after, timeout):
+    """Events of ``tag`` on any of ``masters`` after ``after`` until every rule has one; fails
+    with what came instead."""
     deadline = time.monotonic() + timeout
     while True:
         events = sorted(
             (
                 e
-                for e in event_listener.get_events([(master.id, tag)], after_time=after)
+                for m in masters
+                for e in event_listener.get_events([(m.id, tag)], after_time=after)
                 if e.data.get("rule") in rules
             ),
             key=lambda e: e.stamp,
@@ -119,19 +187,49 @@ def rules_seen(event_listener, master, tag, rules, after, timeout):
         time.sleep(0.5)
 
 
-def drift(vm, event_listener, master, script, rules, record):
-    """Run a drift in the guest; wait for its violations, the remediation and the resolved events."""
-    before = metrics(master)
+def acted_once(event_listener, masters, after, rules, expected):
+    """Each master heard every finding of ``rules`` named alike (key and since) and triaged its
+    copy to an end (one held by the other master's lease comes back when the lease runs out);
+    across both, the outcomes were ``expected`` ([(tag, rule)]): no finding acted on twice."""
+    deadline = time.monotonic() + LEASE * 3 + 120
+    while True:
+        ended = [
+            {
+                r["rule"]
+                for r in triage_results(event_listener, m.id, after)
+                if r.get("minion") == MINION and r.get("rule") in rules and r["action"] != "held"
+            }
+            for m in masters
+        ]
+        if all(done >= set(rules) for done in ended):
+            break
+        assert time.monotonic() < deadline, f"triage of {rules} unfinished: {ended}"
+        time.sleep(1)
+    seen = occurrences(event_listener, masters, after, rules)
+    assert seen[0] and all(s == seen[0] for s in seen), seen
+    story = [  # what to read when it fails
+        (e.stamp.isoformat(), m.id, e.tag.rsplit("/", 1)[-1], {k: e.data.get(k) for k in STORY_FIELDS})
+        for m in masters
+        for e in event_listener.get_events([(m.id, "*")], after_time=after)
+        if e.data.get("rule") in rules or e.tag.endswith(("/triaged", "/audit"))
+    ]
+    assert outcomes(event_listener, masters, after, rules) == sorted(expected), sorted(story)
+
+
+def drift(vm, event_listener, masters, script, rules, record):
+    """Run a drift in the guest; wait for its violations, the remediation and the resolved events.
+    One remediation per rule across both masters (the second finds the first fixed it)."""
+    before = metrics(masters[0])
     after = time.time()
     vm.run(script, check=True, echo=False)
     drifted = time.time()
-    violations = rules_seen(event_listener, master, f"{BEACON}/violation", rules, after, 240)
+    violations = rules_seen(event_listener, masters[:1], f"{BEACON}/violation", rules, after, 240)
     assert {e.data["trigger"] for e in violations} <= {"uevent", "mount"}, violations  # not the full audit
-    # one remediation per rule (the second finds the first fixed it), then every finding resolved
-    rules_seen(event_listener, master, "hana/storage/remediation", rules, after, 600)
-    resolved = rules_seen(event_listener, master, f"{BEACON}/resolved", rules, after, 300)
+    rules_seen(event_listener, masters, "hana/storage/remediation", rules, after, 600)
+    resolved = rules_seen(event_listener, masters[:1], f"{BEACON}/resolved", rules, after, 300)
     violation, resolved = violations[0], max(resolved, key=lambda e: e.stamp)
     record(violation.stamp.timestamp() - drifted, resolved.stamp.timestamp() - drifted)
+    acted_once(event_listener, masters, after, rules, [("hana/storage/remediation", r) for r in rules])
     return before
 
 
@@ -160,12 +258,12 @@ def flags_of(vm, name="hana_data"):
 
 
 def test_refresh_without_flags_is_caught_remediated_and_resolved(
-    vm, event_listener, master, applied, latencies
+    vm, event_listener, masters, master, applied, latencies
 ):
     before = drift(
         vm,
         event_listener,
-        master,
+        masters,
         f"cryptsetup refresh --key-file {KEY} --persistent hana_data",
         ["HANA-PERF-002", "HANA-PERF-003"],
         latencies,
@@ -181,10 +279,11 @@ def test_refresh_without_flags_is_caught_remediated_and_resolved(
         value(samples, "hana_storage_violations_total", **labels)
         == value(before, "hana_storage_violations_total", **labels) + 1
     )
-    # fixed by its own orchestration, or absent: PERF-003's fix (the same refresh) got there first
+    # fixed by its own orchestration, or absent: PERF-003's fix (the same refresh) got there first;
+    # on whichever master claimed it
     assert (
         sum(
-            value(samples, "hana_storage_remediations_total", minion=MINION, rule="HANA-PERF-002", result=r)
+            total(masters, "hana_storage_remediations_total", minion=MINION, rule="HANA-PERF-002", result=r)
             for r in ("fixed", "absent")
         )
         >= 1
@@ -193,7 +292,7 @@ def test_refresh_without_flags_is_caught_remediated_and_resolved(
     assert value(samples, "hana_storage_compliant", minion=MINION, volume="data") == 1
 
 
-def test_dmsetup_reload_without_flags_is_caught(vm, event_listener, master, applied, latencies):
+def test_dmsetup_reload_without_flags_is_caught(vm, event_listener, masters, applied, latencies):
     time.sleep(21)  # past the cooldown of the previous remediation of this rule
     # the tamperer needs the volume key: dump it inside the guest, reload the table without the flags
     script = (
@@ -202,27 +301,30 @@ def test_dmsetup_reload_without_flags_is_caught(vm, event_listener, master, appl
         "set -- $(dmsetup table hana_data)\n"
         'echo "$1 $2 crypt $4 $vk $6 $7 $8 1 sector_size:4096" | dmsetup reload hana_data && dmsetup resume hana_data'
     )
-    drift(vm, event_listener, master, script, ["HANA-PERF-002"], latencies)
+    drift(vm, event_listener, masters, script, ["HANA-PERF-002"], latencies)
     table, _header = flags_of(vm)
     assert "no_read_workqueue no_write_workqueue" in table
 
 
-def test_unencrypted_mount_at_shared_raises_an_alert_and_touches_nothing(vm, event_listener, master, applied):
+def test_unencrypted_mount_at_shared_raises_an_alert_and_touches_nothing(
+    vm, event_listener, masters, master, applied
+):
     before_sum = vm.checksum(3)
     after = time.time()
     # ro,norecovery: XFS then writes nothing itself (a plain ro mount does), so a change is someone else's
     vm.run("umount /hana/shared && mount -o ro,norecovery /dev/vdd /hana/shared", check=True)
     # a tick between umount and mount may first report HANA-MOUNT-001 (not mounted): wait for ENC-001
-    violation = rules_seen(event_listener, master, f"{BEACON}/violation", ["HANA-ENC-001"], after, 240)[0]
+    violation = rules_seen(event_listener, [master], f"{BEACON}/violation", ["HANA-ENC-001"], after, 240)[0]
     assert violation.data["trigger"] == "mount"
-    alert = rules_seen(event_listener, master, "hana/storage/alert", ["HANA-ENC-001"], after, 120)[0].data
+    alert = rules_seen(event_listener, masters, "hana/storage/alert", ["HANA-ENC-001"], after, 120)[0].data
     assert alert["minion"] == MINION and alert["remediation"] == "manual"
+    acted_once(event_listener, masters, after, ["HANA-ENC-001"], [("hana/storage/alert", "HANA-ENC-001")])
     time.sleep(20)  # let any remediation the reactor attempts finish
     mounted = vm.run("findmnt -n -o SOURCE /hana/shared", echo=False).output.strip()
     assert mounted == "/dev/vdd"
     assert vm.checksum(3) == before_sum
     samples = metrics(master)
-    assert value(samples, "hana_storage_alerts_total", minion=MINION, rule="HANA-ENC-001") >= 1
+    assert total(masters, "hana_storage_alerts_total", minion=MINION, rule="HANA-ENC-001") >= 1
     assert value(samples, "hana_storage_compliant", minion=MINION, volume="shared") == 0
     assert (
         value(samples, "hana_storage_findings", minion=MINION, rule="HANA-ENC-001", severity="critical") == 1
@@ -316,10 +418,11 @@ def test_forged_events_cause_no_action_and_a_flood_one_remediation(
 
 
 def test_no_key_material_on_the_bus_in_logs_job_cache_or_dm_tables(
-    vm, event_listener, master, minion, applied
+    vm, event_listener, masters, store, minion, applied
 ):
-    """The pillar key and the volume key, raw, hex or base64: not in any event, the master log,
-    the master's job cache, the minion's debug log or job cache, or hana_storage.dm_tables."""
+    """The pillar key and the volume key, raw, hex or base64: not in any event, either master's
+    log or job cache, the shared triage store, the minion's debug log or job cache, or
+    hana_storage.dm_tables."""
     volume_key = vm.run(
         f"cryptsetup luksDump --dump-volume-key --batch-mode --key-file {KEY} /dev/vg_hana_data/lv_hana_data "
         "| sed -n '/MK dump:/,$p' | sed 's/MK dump://' | tr -d ' \\t\\n'",
@@ -330,21 +433,26 @@ def test_no_key_material_on_the_bus_in_logs_job_cache_or_dm_tables(
     needles = []
     for secret in secrets:
         needles += [secret, secret.hex().encode(), secret.hex().upper().encode(), base64.b64encode(secret)]
-    haystacks = {
-        "events": json.dumps([e.data for e in event_listener.get_events([(master.id, "*")])]).encode()
-    }
-    haystacks["master log"] = open(master.config["log_file"], "rb").read()
-    jobs = master.config["cachedir"] + "/jobs"
-    haystacks["master job cache"] = b"".join(
-        open(os.path.join(d, f), "rb").read() for d, _dirs, files in os.walk(jobs) for f in files
-    )
+    haystacks = {}
+    for master in masters:
+        events = event_listener.get_events([(master.id, "*")])
+        haystacks[f"events of {master.id}"] = json.dumps([e.data for e in events]).encode()
+        haystacks[f"log of {master.id}"] = open(master.config["log_file"], "rb").read()
+        jobs = master.config["cachedir"] + "/jobs"
+        haystacks[f"job cache of {master.id}"] = b"".join(
+            open(os.path.join(d, f), "rb").read() for d, _dirs, files in os.walk(jobs) for f in files
+        )
+    client = redis.Redis.from_url(store)
+    haystacks["triage store"] = b"".join(k + (client.dump(k) or b"") for k in client.scan_iter())
+    client.close()
     guest = vm.run(
         "cat /run/salt/minion.log; find /run/salt/cache -type f -exec cat {} +", echo=False
     ).output.encode("utf-8", "surrogateescape")
     haystacks["minion log and cache"] = guest
     tables = minion.run("hana_storage.dm_tables", minion_tgt=MINION)
     haystacks["dm_tables"] = tables.stdout.encode()
-    assert b"hana_data" in haystacks["dm_tables"] and len(haystacks["master job cache"]) > 1000
+    assert b"hana_data" in haystacks["dm_tables"] and len(haystacks["job cache of hana-events-a"]) > 1000
+    assert b"HANA-PERF-002" in haystacks["triage store"]
     assert b"DEBUG" in haystacks["minion log and cache"]
     for where, text in haystacks.items():
         for needle in needles:
