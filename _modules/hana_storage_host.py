@@ -724,7 +724,9 @@ def probe(devices, key_file=None):
         types = [s["type"] for s in result["signatures"]]
         if not types and not result["pttype"]:
             size = _read(f"{SYSFS_BLOCK}/{name}/size").strip()
-            result["data_at"] = _first_data(name, int(size) * 512 if size.isascii() and size.isdigit() else HEAD_BYTES)
+            result["data_at"] = _first_data(
+                name, int(size) * 512 if size.isascii() and size.isdigit() else HEAD_BYTES
+            )
         if "crypto_LUKS" in types:
             header = _header_of(name)
             result["luks"] = {k: header.get(k) for k in ("version", "uuid", "error") if k in header}
