@@ -48,7 +48,6 @@ Master configuration (``conf/master.d/hana-storage.conf``)::
 
 import base64
 import contextlib
-import contextvars
 import json
 import logging
 import os
@@ -315,24 +314,22 @@ def _renewing(minion, held):
     """Renew the leases of ``held`` [(rule, key)] every third of the lease while the block runs
     (a remediation waits for its orchestration for longer than a lease), so another master takes
     the occurrences over only when this one stops renewing them: it died."""
+    # The thread is handed the store and the owner, not the loader's dunders: Salt keeps those
+    # in contextvars, and in the triage engine's threads even a copied context left __utils__
+    # None there (every renewal failed, in the VM tier's master logs).
     lease, renew = float(_config()["lease"]), _util("store.renew")
+    store, owner = _store(), _owner()
     stop = threading.Event()
 
     def renew_all():
         while not stop.wait(lease / 3):
             for rule, key in held:
                 try:
-                    _store().update(
-                        minion, rule, lambda record, now, k=key: renew(record, now, k, _owner(), lease)
-                    )
+                    store.update(minion, rule, lambda record, now, k=key: renew(record, now, k, owner, lease))
                 except Exception as exc:  # noqa: BLE001 - the next round tries again; the lease says how long
                     log.warning("hana_storage: renewing the lease of %s on %s failed: %s", key, minion, exc)
 
-    # in a copy of this context: Salt keeps the loader's dunders (__opts__ ...) in contextvars,
-    # and a plain new thread sees none of them
-    renewer = threading.Thread(
-        target=contextvars.copy_context().run, args=(renew_all,), name="hana_storage-lease", daemon=True
-    )
+    renewer = threading.Thread(target=renew_all, name="hana_storage-lease", daemon=True)
     renewer.start()
     try:
         yield
