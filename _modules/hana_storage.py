@@ -74,7 +74,10 @@ def _schema():
 
 
 def _defaults():
-    return salt.utils.yaml.safe_load(_formula_file(DEFAULTS_URL)) or {}
+    """The formula's defaults, parsed once per process like the file is read (merge copies them)."""
+    if "hana_storage.defaults" not in __context__:
+        __context__["hana_storage.defaults"] = salt.utils.yaml.safe_load(_formula_file(DEFAULTS_URL)) or {}
+    return __context__["hana_storage.defaults"]
 
 
 def _merged(pillar=None):
@@ -265,7 +268,9 @@ def audit(pillar=None, volumes=None):
     pillar
         A ``hana:storage`` mapping to audit against instead of this minion's pillar.
     volumes
-        Audit only these volumes (names; a list or comma-separated).
+        Audit only these volumes (names; a list or comma-separated). The beacon's audit of what
+        a kernel event touched: it takes the LVM report of an earlier audit in this process
+        while no LV's table and no block device changed since (a full audit reads it afresh).
 
     CLI Example:
 
@@ -278,7 +283,7 @@ def audit(pillar=None, volumes=None):
     if volumes:
         wanted = set(salt.utils.args.split_input(volumes))
         plan = dict(plan, volumes={n: v for n, v in plan["volumes"].items() if n in wanted})
-    facts = _host("facts")(plan)
+    facts = _host("facts")(plan, reuse_lvm=bool(volumes))
     report = _util("rules.audit")(plan, facts)
     for name, disks in facts["disks"].items():  # kernel names, for the beacon to map uevents
         report["volumes"][name]["disks"] = disks

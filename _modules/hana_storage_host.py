@@ -28,6 +28,7 @@ SYSFS_BLOCK = "/sys/class/block"
 # the device-mapper driver's misc device: present once the kernel has device-mapper
 DM_DRIVER = "/sys/class/misc/device-mapper"
 # Where a disk's identity is: SCSI (SAN LUNs), NVMe, virtio (its serial)
+LVM_REPORT = "hana_storage_host.lvm_report"  # __context__: (lvm.report_key, segments)
 WWID_FILES = ("device/wwid", "wwid", "serial", "device/serial")
 # Kernel names that can change across boots: a pillar should name the LUN, not the path
 UNSTABLE_NAME = re.compile(r"^/dev/(sd[a-z]+|vd[a-z]+|xvd[a-z]+|hd[a-z]+|nvme[0-9]+n[0-9]+)$")
@@ -177,7 +178,25 @@ def _run(argv):
     return result["stdout"], None
 
 
-def _lvm_segments():
+def _lvm_segments(devices=None, reuse=False):
+    """The parsed segments of every LV (``lvs``), or {"error": ...}.
+
+    ``devices``: the device tree the report is read with; it is kept with it. ``reuse``: the
+    report kept by an earlier call of this process, while lvm.report_key says nothing it
+    describes can have changed. `lvs` costs a scoped audit about half of its time (0.45 s of
+    0.8 s under emulation), and a drift of a crypt device's flags leaves every LV as it was.
+    """
+    key = None if devices is None else _util("lvm.report_key")(devices)
+    kept = __context__.get(LVM_REPORT)
+    if reuse and key is not None and kept and kept[0] == key:
+        return kept[1]
+    segments = _read_lvm_segments()
+    if key is not None and isinstance(segments, list):
+        __context__[LVM_REPORT] = (key, segments)
+    return segments
+
+
+def _read_lvm_segments():
     if not salt.utils.path.which("lvs"):
         return {"error": "lvs not found (lvm2 not installed)"}
     text, error = _run(_util("lvm.lvs_command")())
@@ -320,9 +339,10 @@ def _device_tree():
     return devices, mounts
 
 
-def facts(plan):
+def facts(plan, reuse_lvm=False):
     """Everything the audit of ``plan`` reads, gathered once (``disks``: each volume's disks by
-    kernel name, for the beacon to map uevents)."""
+    kernel name, for the beacon to map uevents). ``reuse_lvm``: the LVM report of an earlier
+    call while no LV and no block device changed (see _lvm_segments); otherwise it is read."""
     devices, mounts = _device_tree()
     stacks = {name: _util("stack.describe")(devices, name) for name in devices}
     headers = {}
@@ -349,7 +369,7 @@ def facts(plan):
         "mounts": mounts,
         "headers": headers,
         "superblocks": superblocks,
-        "lvm": _lvm_segments(),
+        "lvm": _lvm_segments(devices, reuse=reuse_lvm),
         "crypttab": _parsed_file("/etc/crypttab", "tab.parse_crypttab"),
         "fstab": _parsed_file("/etc/fstab", "tab.parse_fstab"),
         "key_files": _key_file_facts(plan),

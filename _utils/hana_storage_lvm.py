@@ -38,6 +38,24 @@ def pvs_command():
     return ["pvs", *NO_SUSPENDED, "--reportformat", "json", "--units", "b", "--nosuffix", "-o", PVS_FIELDS]
 
 
+def report_key(devices):
+    """What a segments report of this host can differ by, as far as the audit reads it: every
+    block device (a PV that went or came back, a map renamed) and each LV's dm table (LVM reloads
+    it whenever the LV's segments, stripes or PVs change). While the key is equal, the last report
+    still holds; a crypt table's change (a drift of its flags) leaves it equal.
+
+    ``devices``: stack.build_devices' map.
+    """
+    return json.dumps(
+        sorted(
+            [name, d["dev"], d["dm_name"], d["dm_uuid"], d["table"] if d["kind"] == "lv" else None]
+            for name, d in devices.items()
+        ),
+        sort_keys=True,
+        default=str,
+    )
+
+
 class LvmReportError(ValueError):
     """An LVM report that is not the JSON the formula asked for."""
 

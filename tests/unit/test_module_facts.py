@@ -1,13 +1,16 @@
 """The host module's fact gathering decides on facts and exit codes, never on the text of a
 command's messages."""
 
+import copy
 import importlib.util
 
 import hana_storage_dm as dm
+import hana_storage_lvm as lvm
 import pytest
 from salt.exceptions import CommandExecutionError
 
 from tests.conftest import REPO
+from tests.unit.test_audit import recorded_facts
 
 
 @pytest.fixture
@@ -120,3 +123,75 @@ def test_the_guards_key_test_takes_the_key_or_the_previous_key(module, make_luks
     assert module._keys_test(str(image), header, [str(other)]) == (False, None)
     opens, error = module._keys_test(str(image), header, [str(other), str(tmp_path / "missing.key")])
     assert opens is None and "cryptsetup exited" in error  # a failed test is no "no"
+
+
+def lab_devices():
+    return recorded_facts()["devices"]
+
+
+def test_the_lvm_report_key_ignores_a_crypt_tables_drift_and_sees_every_lv_or_device_change():
+    devices = lab_devices()
+    key = lvm.report_key(devices)
+    crypt = next(n for n, d in devices.items() if d["kind"] == "crypt")
+    lv = next(n for n, d in devices.items() if d["kind"] == "lv")
+    disk = next(n for n, d in devices.items() if d["kind"] == "disk")
+    drifted = copy.deepcopy(devices)
+    drifted[crypt]["table"][0]["flags"] = []
+    assert lvm.report_key(drifted) == key
+    changes = {
+        "an LV's table": lambda d: d[lv]["table"][0].update(stripes=1),
+        "a PV gone": lambda d: d.pop(disk),
+        "a device come": lambda d: d.update(vdz=dict(d[disk], name="vdz", dev="254:99")),
+        "an LV renamed": lambda d: d[lv].update(dm_name="vg_a-renamed"),
+    }
+    for what, change in changes.items():
+        changed = copy.deepcopy(devices)
+        change(changed)
+        assert lvm.report_key(changed) != key, what
+
+
+@pytest.fixture
+def lvm_module(module, monkeypatch):
+    module.__context__ = {}
+    module.__utils__["hana_storage_lvm.report_key"] = lvm.report_key
+    module.reads = []
+
+    def read():
+        module.reads.append(1)
+        return [{"report": len(module.reads)}]
+
+    monkeypatch.setattr(module, "_read_lvm_segments", read)
+    return module
+
+
+def test_a_scoped_audit_reuses_the_lvm_report_only_while_no_lv_or_device_changed(lvm_module):
+    """`lvs` was half of every scoped audit's time (the drift's p95 over 2 s, issue 17): a
+    report is reused while its key holds, and read again the moment it does not."""
+    devices = lab_devices()
+    first = lvm_module._lvm_segments(devices, reuse=True)
+    assert lvm_module._lvm_segments(devices, reuse=True) is first and len(lvm_module.reads) == 1
+    lv = next(n for n, d in devices.items() if d["kind"] == "lv")
+    extended = copy.deepcopy(devices)
+    extended[lv]["table"].append(dict(extended[lv]["table"][0], start=10**9))
+    assert lvm_module._lvm_segments(extended, reuse=True) == [{"report": 2}]
+    assert lvm_module._lvm_segments(extended, reuse=True) == [{"report": 2}]
+    assert len(lvm_module.reads) == 2
+
+
+def test_a_full_audit_reads_the_lvm_report_and_the_scoped_audits_after_it_take_that(lvm_module):
+    devices = lab_devices()
+    lvm_module._lvm_segments(devices, reuse=True)
+    assert lvm_module._lvm_segments(devices) == [{"report": 2}]
+    assert lvm_module._lvm_segments(devices, reuse=True) == [{"report": 2}]
+    assert lvm_module._lvm_segments() == [{"report": 3}]  # inspect: no tree, read, not kept
+    assert lvm_module._lvm_segments(devices, reuse=True) == [{"report": 2}]
+
+
+def test_a_failed_lvm_report_is_never_reused(lvm_module, monkeypatch):
+    monkeypatch.setattr(
+        lvm_module, "_read_lvm_segments", lambda: lvm_module.reads.append(1) or {"error": "x"}
+    )
+    devices = lab_devices()
+    assert lvm_module._lvm_segments(devices, reuse=True) == {"error": "x"}
+    assert lvm_module._lvm_segments(devices, reuse=True) == {"error": "x"}
+    assert len(lvm_module.reads) == 2
