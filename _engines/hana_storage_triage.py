@@ -31,7 +31,7 @@ only; the reactor runs in the master).
       - hana_storage_triage:
           workers: 4                # threads for events that can only alert
           remediation_workers: 16   # threads waiting for remediation orchestrations
-          backlog: 2000             # events held; beyond it the reactor starts runner jobs instead
+          backlog: 20000            # events held (about 2 KB each); beyond it the reactor starts runner jobs
 """
 
 import concurrent.futures
@@ -153,7 +153,7 @@ def _triage(triage, tag, data, again):
         again(wait + RETRY_MARGIN)
 
 
-def start(workers=4, remediation_workers=16, backlog=2000):
+def start(workers=4, remediation_workers=16, backlog=20000):
     """
     Receive the reactor's hand-offs and triage them until the master stops.
     """

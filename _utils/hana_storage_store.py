@@ -38,6 +38,8 @@ except ImportError:  # only the redis driver needs it (requirements/master.in)
     redis = None
 
 TALLY = "tallies"  # the local store's file, and the Redis hash, of the completed actions
+TALLY_LOG = "tallies.log"  # the local store's completed actions, one line each, counted into TALLY
+ROTATE_BYTES = 1 << 20  # a counted log this large is emptied (about 40,000 actions)
 WATCH_ATTEMPTS = 50  # a transaction retried this often lost to other masters every time
 
 
@@ -140,7 +142,14 @@ def release(record, key, owner, keep_cooldown):
 
 
 class LocalStore:
-    """Records as files under ``<cachedir>/hana_storage/actions``, one per minion and rule."""
+    """Records as files under ``<cachedir>/hana_storage/actions``, one per minion and rule.
+
+    Tallies: each completed action appends its name to a log (``tallies.log``) holding a shared
+    lock, so that actions on different records never wait for each other; ``tallies()`` counts
+    the log's new lines into the counts (``tallies``) holding the exclusive one. One counts file
+    changed per action under one exclusive lock would queue every triage thread of every
+    process on it, behind a holder that waits for its own process's GIL.
+    """
 
     driver = "local"
 
@@ -149,29 +158,71 @@ class LocalStore:
 
     def update(self, minion, rule, change, tally=None):
         """``change(record, now)``'s return, the record written back if it changed; ``tally``
-        (a function of that return: a tally name or None) counted in the same lock."""
+        (a function of that return: a tally name or None) counted once the record is written."""
         with self._locked(f"{minion}@{rule}") as (record, now):
             result = change(record, now)
         name = tally(result) if tally else None
         if name:
-            with self._locked(TALLY, raw=True) as (counts, _now):
-                counts[name] = counts.get(name, 0) + 1
+            with self._tally_lock(fcntl.LOCK_SH):
+                self._append(TALLY_LOG, f"{name}\n")
         return result
 
     def tallies(self):
-        with self._locked(TALLY, raw=True) as (counts, _now):
-            return dict(counts)
+        """The counts, with the lines the log holds beyond ``offset`` (how far it is counted)
+        added. A log over ROTATE_BYTES is emptied once the counts that include it are written,
+        then the offset is set back: an offset beyond the log's end (a master died between the
+        two) is read as the log's start."""
+        with self._tally_lock(fcntl.LOCK_EX):
+            with self._locked(TALLY, raw=True) as (summary, _now):
+                if not isinstance(summary.get("counts"), dict):  # written before the log: counts alone
+                    counts = {k: v for k, v in summary.items() if type(v) is int}
+                    summary.clear()
+                    summary.update(counts=counts, offset=0)
+                counts, offset = summary["counts"], summary.get("offset")
+                with os.fdopen(self._open(TALLY_LOG, os.O_RDONLY | os.O_CREAT), "rb") as log:
+                    size = os.fstat(log.fileno()).st_size
+                    log.seek(offset if type(offset) is int and 0 <= offset <= size else 0)
+                    for line in log.read().decode("utf-8", "replace").splitlines():
+                        if line.strip():
+                            counts[line.strip()] = counts.get(line.strip(), 0) + 1
+                summary["offset"] = size
+                result = dict(counts)
+            if size > ROTATE_BYTES:
+                os.truncate(os.path.join(self.root, TALLY_LOG), 0)
+                with self._locked(TALLY, raw=True) as (summary, _now):
+                    summary["offset"] = 0
+        return result
+
+    @contextlib.contextmanager
+    def _tally_lock(self, mode):
+        descriptor = self._open(TALLY_LOG + ".lock", os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(descriptor, mode)
+            yield
+        finally:
+            os.close(descriptor)
+
+    def _append(self, name, line):
+        """One write in append mode: appends of a line each never interleave."""
+        descriptor = self._open(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        try:
+            os.write(descriptor, line.encode())
+        finally:
+            os.close(descriptor)
+
+    def _open(self, name, flags):
+        os.makedirs(self.root, mode=0o700, exist_ok=True)
+        try:
+            return os.open(os.path.join(self.root, name), flags | os.O_CLOEXEC, 0o600)
+        except OSError as error:
+            raise StoreError(f"the local store at {self.root}: {error}") from None
 
     @contextlib.contextmanager
     def _locked(self, name, raw=False):
         """The record (or, ``raw``, the JSON mapping) in file ``name``, under an exclusive lock;
         written back on exit when it changed. ``name`` holds a verified minion id (``valid_id``:
         no path separators) and a rule of the table."""
-        os.makedirs(self.root, mode=0o700, exist_ok=True)
-        try:
-            descriptor = os.open(os.path.join(self.root, name), os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError as error:
-            raise StoreError(f"the local store at {self.root}: {error}") from None
+        descriptor = self._open(name, os.O_RDWR | os.O_CREAT)
         with os.fdopen(descriptor, "r+", encoding="utf-8") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)  # per open file: excludes threads and processes alike
             text = handle.read()

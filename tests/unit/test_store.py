@@ -180,3 +180,84 @@ def test_a_remediation_renews_its_lease_through_salts_loader(tmp_path, caplog):
 
     assert runners.run(remediation_outlasting_its_lease)["verdict"] == "held"
     assert "renewing the lease" not in caplog.text
+
+
+# ---- the local store's tallies -----------------------------------------------------------------
+
+
+def alerted(local, minion, rule="HANA-ENC-001"):
+    """One completed action on (minion, rule), tallied as triage tallies it."""
+    key = f"{rule}|data|/dev/vdb"
+    local.update(minion, rule, lambda r, now: store.claim(r, now, key, SINCE, 0, "me", 60))
+    local.update(
+        minion,
+        rule,
+        lambda r, _now: store.complete(r, key, SINCE, "me"),
+        tally=lambda first: f"alerted|{rule}" if first else None,
+    )
+
+
+def test_an_actions_tally_does_not_queue_behind_another_one(tmp_path):
+    """Regression (issue 17, fleet triage): every completed action read, changed and wrote one
+    counts file under one exclusive lock. A thread holding it waited for its process's GIL
+    meanwhile, and every triage thread of every process queued behind it. Here the counts file
+    is held, as such a thread held it: an action is tallied all the same."""
+    import fcntl
+
+    local = store.LocalStore(str(tmp_path))
+    alerted(local, "db0")
+    with open(tmp_path / "hana_storage" / "actions" / store.TALLY, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        done = threading.Event()
+        threading.Thread(target=lambda: (alerted(local, "db1"), done.set()), daemon=True).start()
+        assert done.wait(5), "the tally waited for the counts file"
+    assert local.tallies() == {"alerted|HANA-ENC-001": 2}
+
+
+def test_tallies_are_exact_across_processes_while_they_are_counted(tmp_path):
+    import multiprocessing
+
+    def work(n):
+        local = store.LocalStore(str(tmp_path))
+        for i in range(40):
+            alerted(local, f"p{n}-{i}")
+            if i % 10 == 0:
+                local.tallies()  # counted while the others append
+
+    workers = [multiprocessing.get_context("fork").Process(target=work, args=(n,)) for n in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+        assert worker.exitcode == 0
+    assert store.LocalStore(str(tmp_path)).tallies() == {"alerted|HANA-ENC-001": 160}
+
+
+def test_a_long_log_is_emptied_once_counted_and_a_fold_that_died_is_finished(tmp_path, monkeypatch):
+    monkeypatch.setattr(store, "ROTATE_BYTES", 100)
+    local = store.LocalStore(str(tmp_path))
+    for i in range(30):
+        alerted(local, f"db{i}", rule=("HANA-ENC-001", "HANA-KEY-001")[i % 2])
+        if i % 7 == 0:
+            local.tallies()
+    log = tmp_path / "hana_storage" / "actions" / store.TALLY_LOG
+    assert local.tallies() == {"alerted|HANA-ENC-001": 15, "alerted|HANA-KEY-001": 15}
+    assert log.stat().st_size <= store.ROTATE_BYTES, "emptied whenever counted past the bound"
+    # a master that died after emptying a counted log, before setting the offset back
+    counts = tmp_path / "hana_storage" / "actions" / store.TALLY
+    summary = json.loads(counts.read_text())
+    assert summary["offset"] == log.stat().st_size
+    counts.write_text(json.dumps(dict(summary, offset=store.ROTATE_BYTES + 21)))
+    log.write_text("")
+    alerted(local, "db99")
+    assert local.tallies() == {"alerted|HANA-ENC-001": 16, "alerted|HANA-KEY-001": 15}
+
+
+def test_counts_written_before_the_log_are_kept(tmp_path):
+    actions = tmp_path / "hana_storage" / "actions"
+    actions.mkdir(parents=True)
+    (actions / store.TALLY).write_text(json.dumps({"alerted|HANA-ENC-001": 7, "remediated|HANA-PERF-002": 2}))
+    local = store.LocalStore(str(tmp_path))
+    alerted(local, "db1")
+    assert local.tallies() == {"alerted|HANA-ENC-001": 8, "remediated|HANA-PERF-002": 2}
+    assert local.tallies() == {"alerted|HANA-ENC-001": 8, "remediated|HANA-PERF-002": 2}
