@@ -27,8 +27,8 @@ SYSTEM_MOUNTS = ("/", "/boot", "/boot/efi", "/usr", "/var")
 SYSFS_BLOCK = "/sys/class/block"
 # the device-mapper driver's misc device: present once the kernel has device-mapper
 DM_DRIVER = "/sys/class/misc/device-mapper"
-# Where a disk's identity is: SCSI (SAN LUNs), NVMe, virtio (its serial)
 LVM_REPORT = "hana_storage_host.lvm_report"  # __context__: (lvm.report_key, segments)
+# Where a disk's identity is: SCSI (SAN LUNs), NVMe, virtio (its serial)
 WWID_FILES = ("device/wwid", "wwid", "serial", "device/serial")
 # Kernel names that can change across boots: a pillar should name the LUN, not the path
 UNSTABLE_NAME = re.compile(r"^/dev/(sd[a-z]+|vd[a-z]+|xvd[a-z]+|hd[a-z]+|nvme[0-9]+n[0-9]+)$")

@@ -182,9 +182,8 @@ class LocalStore:
                 with os.fdopen(self._open(TALLY_LOG, os.O_RDONLY | os.O_CREAT), "rb") as log:
                     size = os.fstat(log.fileno()).st_size
                     log.seek(offset if type(offset) is int and 0 <= offset <= size else 0)
-                    for line in log.read().decode("utf-8", "replace").splitlines():
-                        if line.strip():
-                            counts[line.strip()] = counts.get(line.strip(), 0) + 1
+                    for name in filter(None, log.read().decode("utf-8", "replace").split("\n")):
+                        counts[name] = counts.get(name, 0) + 1
                 summary["offset"] = size
                 result = dict(counts)
             if size > ROTATE_BYTES:
