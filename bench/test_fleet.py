@@ -136,14 +136,14 @@ def finding(rule):
     }
 
 
-def fleet_events(master, limit=None):
+def fleet_events(master, limit=None, minions=MINIONS):
     """{minion: (violation events, audit event)}, signed as the beacon signs, in minion order:
     the real minions first (their own keys, AUTO_RULES + manual rules), then simulated ones up to
-    MINIONS. ``limit`` keeps only the first violations (and the audits of their minions)."""
+    ``minions``. ``limit`` keeps only the first violations (and the audits of their minions)."""
     pem, pub = sim_key()
     plan, now, count = {}, time.time(), 0
     real = [m.id for m in master.minions]
-    for index in range(MINIONS):
+    for index in range(minions):
         minion = real[index] if index < len(real) else f"sim-{index:04d}"
         if index < len(real):
             key = os.path.join(master.minions[index].config["pki_dir"], "minion.pem")
@@ -224,23 +224,29 @@ class Outcomes:
 
     def problems(self, plan):
         """Every (minion, rule) whose outcomes are not exactly one: [(series, what is wrong)]."""
-        expected = {
-            (minion, e["data"]["rule"]): e["data"]["remediation"]
-            for minion, (violations, _audit) in plan.items()
-            for e in violations
-        }
-        wrong = []
-        for series in sorted(set(expected) | set(self.alerts) | set(self.remediations)):
-            alerts, fixes, kind = self.alerts[series], self.remediations[series], expected.get(series)
-            if kind == "manual" and (alerts, fixes) != (1, 0):
-                wrong.append((series, f"manual: {alerts} alerts, {fixes} remediations"))
-            elif kind == "auto":
-                alerted = 0 if self.results.get(series) in DONE else 1
-                if (fixes, alerts) != (1, alerted):
-                    wrong.append((series, f"auto: {fixes} remediations, {alerts} alerts"))
-            elif kind is None:
-                wrong.append((series, f"not a finding: {alerts} alerts, {fixes} remediations"))
-        return wrong
+        return problems(plan, self.alerts, self.remediations, self.results)
+
+
+def problems(plan, alerts, remediations, results):
+    """Every (minion, rule) of ``plan`` whose outcomes (Counters of alerts and remediations per
+    series, and each remediation's result) are not exactly one: [(series, what is wrong)]."""
+    expected = {
+        (minion, e["data"]["rule"]): e["data"]["remediation"]
+        for minion, (violations, _audit) in plan.items()
+        for e in violations
+    }
+    wrong = []
+    for series in sorted(set(expected) | set(alerts) | set(remediations)):
+        sent, fixes, kind = alerts[series], remediations[series], expected.get(series)
+        if kind == "manual" and (sent, fixes) != (1, 0):
+            wrong.append((series, f"manual: {sent} alerts, {fixes} remediations"))
+        elif kind == "auto":
+            alerted = 0 if results.get(series) in DONE else 1
+            if (fixes, sent) != (1, alerted):
+                wrong.append((series, f"auto: {fixes} remediations, {sent} alerts"))
+        elif kind is None:
+            wrong.append((series, f"not a finding: {sent} alerts, {fixes} remediations"))
+    return wrong
 
 
 def forward(master, batches):

@@ -19,19 +19,17 @@ file, and disables fixing, so nothing on the host is changed. Each finding reach
 import contextlib
 import os
 import shutil
-import signal
 import time
 
 import hana_storage_rules as rules
 import hana_storage_store
-import psutil
 import pytest
 import redis
 import salt.version
 
 from tests.conftest import REPO
 from tests.integration.master_bus import Bus, wait_for_reactor, wait_until
-from tests.support.master import formula_master, free_port, pillar_tree, started_hot_masters
+from tests.support.master import formula_master, free_port, kill_tree, pillar_tree, started_hot_masters
 from tests.support.redis_store import redis_server
 
 # Regression (3008.5): a minion connected to two masters runs its beacons in its main process,
@@ -139,18 +137,6 @@ def expected(findings):
     )
 
 
-def kill_tree(master):
-    """What a master's host dying does to it: every process of it stopped at once (none runs on
-    while the others are being killed), then killed; no clean-up."""
-    parent = psutil.Process(master.factory.pid)
-    family = [parent, *parent.children(recursive=True)]
-    for sig in (signal.SIGSTOP, signal.SIGKILL):
-        for process in family:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.send_signal(sig)
-    psutil.wait_procs(family, timeout=30)
-
-
 def test_each_finding_is_alerted_once_across_both_masters(hot, event_listener):
     masters, minions, _url = hot
     started = time.time() - 600  # everything since the topology came up
@@ -202,7 +188,7 @@ def test_a_master_killed_while_remediating_is_taken_over(hot, event_listener, ke
         assert time.monotonic() < deadline, "no master claimed HANA-KEY-001"
         time.sleep(0.005)
     victim, held_for = claim
-    kill_tree(victim)
+    kill_tree(victim.factory)
     survivor = next(m for m in masters if m is not victim)
     wanted = expected({(minion.id, "HANA-KEY-001") for minion in minions})
 

@@ -1,10 +1,13 @@
 """A salt-master configured the way conf/master.d/hana-storage.conf configures one, for the
 masters that tests and benchmarks start (pytest-salt-factories ``overrides``)."""
 
+import contextlib
 import os
 import shutil
+import signal
 import socket
 
+import psutil
 import yaml
 
 from tests.conftest import REPO
@@ -111,3 +114,15 @@ def started_hot_masters(stack, salt_factories, masters):
         stack.enter_context(factory.started(start_timeout=120))
         started.append(factory)
     return started
+
+
+def kill_tree(factory):
+    """What a master's host dying does to it: every process of it stopped at once (none runs on
+    while the others are being killed), then killed; no clean-up."""
+    parent = psutil.Process(factory.pid)
+    family = [parent, *parent.children(recursive=True)]
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for process in family:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.send_signal(sig)
+    psutil.wait_procs(family, timeout=30)
