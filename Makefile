@@ -63,7 +63,7 @@ test-vm: deps
 	  $$v/bin/python $(PYTEST) tests/vm/test_events.py -q --durations=5 || rc=1; \
 	done; exit $$rc
 
-# benchmarks (about 40 min under emulation): table printed, kept in build/bench/results.{json,md}
+# benchmarks (about 30 min under emulation): table printed, kept in build/bench/results.{json,md}
 bench: deps
 	.venv/bin/python $(PYTEST) bench -q
 
