@@ -27,7 +27,7 @@ import time
 
 from bench.conftest import Target
 from bench.test_fleet import DONE, Outcomes, fleet_events, forward, problems, real_pillar, settle, totals
-from tests.support.master import formula_master, free_port, kill_tree, shipped_settings, started_hot_masters
+from tests.support.master import free_port, hot_peers, kill_tree, shipped_settings, started_hot_masters
 from tests.support.redis_store import redis_server
 
 MINIONS = int(os.environ.get("BENCH_HOT_MINIONS", 200))  # x 10 findings
@@ -52,23 +52,8 @@ def hot_masters(salt_factories, tmp_path_factory):
         url = stack.enter_context(redis_server(tmp_path_factory.mktemp("redis")))
         settings = shipped_settings()
         settings["hana_storage"] = {**settings["hana_storage"], "store": {"driver": "redis", "url": url}}
-        ports = {"ret_port": free_port(), "publish_port": free_port()}  # alike: one per address
         exporters = {name: free_port() for name in ADDRESSES}
-        configs = [
-            (
-                name,
-                formula_master(
-                    pillar,
-                    reactor=True,
-                    exporter_port=exporters[name],
-                    interface=address,
-                    log_level_logfile="warning",
-                    **ports,
-                    **settings,
-                ),
-            )
-            for name, address in ADDRESSES.items()
-        ]
+        configs = hot_peers(pillar, ADDRESSES, exporters, log_level_logfile="warning", **settings)
         a, b = started_hot_masters(stack, salt_factories, configs)
         for master in (a, b):
             master.metrics_url = f"http://127.0.0.1:{exporters[master.id]}/metrics"

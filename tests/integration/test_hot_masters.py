@@ -29,7 +29,7 @@ import salt.version
 
 from tests.conftest import REPO
 from tests.integration.master_bus import Bus, wait_for_reactor, wait_until
-from tests.support.master import formula_master, free_port, kill_tree, pillar_tree, started_hot_masters
+from tests.support.master import free_port, hot_peers, kill_tree, pillar_tree, started_hot_masters
 from tests.support.redis_store import redis_server
 
 # Regression (3008.5): a minion connected to two masters runs its beacons in its main process,
@@ -63,29 +63,16 @@ def hot(salt_factories, tmp_path_factory, event_listener, key_file):
     with contextlib.ExitStack() as stack:
         url = stack.enter_context(redis_server(tmp_path_factory.mktemp("hot-redis")))
         settings = {"cooldown": 3600, "lease": LEASE, "store": {"driver": "redis", "url": url}}
-        ports = {"ret_port": free_port(), "publish_port": free_port()}  # each master at its own address
         exporters = {"hana-hot-a": free_port(), "hana-hot-b": free_port()}
-        configs = [
-            (
-                name,
-                formula_master(
-                    pillar,
-                    reactor=True,
-                    exporter_port=exporters[name],
-                    hana_storage=settings,
-                    interface=address,
-                    **ports,
-                ),
-            )
-            for name, address in (("hana-hot-a", "127.0.0.1"), ("hana-hot-b", "127.0.0.2"))
-        ]
+        addresses = {"hana-hot-a": "127.0.0.1", "hana-hot-b": "127.0.0.2"}
+        configs = hot_peers(pillar, addresses, exporters, hana_storage=settings)
         masters = []
         for factory in started_hot_masters(stack, salt_factories, configs):
             wait_for_reactor(factory, event_listener)
             masters.append(Bus(factory, f"http://127.0.0.1:{exporters[factory.id]}/metrics"))
         minions = []
         for name in MINIONS:
-            overrides = {"master": ["127.0.0.1", "127.0.0.2"], "beacons": BEACON}
+            overrides = {"master": list(addresses.values()), "beacons": BEACON}
             minion = masters[0].factory.salt_minion_daemon(name, overrides=overrides)
             stack.enter_context(minion.started(start_timeout=120))
             minions.append(minion)

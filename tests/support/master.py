@@ -101,6 +101,27 @@ def triage_results(event_listener, master_id, after, began=False):
     return [(e.data["began"], e.data["result"]) if began else e.data["result"] for e in found]
 
 
+def hot_peers(pillar_root, addresses, exporters, **settings):
+    """[(id, overrides)] for started_hot_masters: shipped-reactor masters, each at its address in
+    ``addresses`` ({id: address}) on the same two ports (a minion expects every master at an
+    address of its own with the same ports), its exporter on ``exporters[id]``."""
+    ports = {"ret_port": free_port(), "publish_port": free_port()}
+    return [
+        (
+            name,
+            formula_master(
+                pillar_root,
+                reactor=True,
+                exporter_port=exporters[name],
+                interface=address,
+                **ports,
+                **settings,
+            ),
+        )
+        for name, address in addresses.items()
+    ]
+
+
 def started_hot_masters(stack, salt_factories, masters):
     """Start salt-masters as Salt's hot multi-master peers: ``masters`` is [(id, overrides)].
     Each master after the first gets the first's key pair (a minion checks every master with one
