@@ -22,7 +22,14 @@ it does for a runner job.
 With hot masters sharing a store, an occurrence the other master is acting on is ``held`` by its
 lease: the engine triages that event again when the lease runs out, so if that master died
 before finishing, this one takes the occurrence over within a lease. (A runner job leaves it to
-the minion's next audit event.) The socket is ``<sock_dir>/hana_storage_triage.sock``, mode 0600 (the master's user
+the minion's next audit event.)
+
+The engine also sees triage's outbox through: each ``hana/storage/alert`` and ``.../remediation``
+event its master's bus carries (signed by the master) is confirmed, SETTLE seconds later, and
+leaves the outbox; every REDELIVER_EVERY seconds it puts on its bus again what is overdue - the
+events of actions whose master died before its bus carried them (``hana_storage.redeliver``).
+
+The socket is ``<sock_dir>/hana_storage_triage.sock``, mode 0600 (the master's user
 only; the reactor runs in the master).
 
 .. code-block:: yaml
@@ -44,6 +51,8 @@ import os
 import socket
 import threading
 import time
+
+import salt.utils.event
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +149,41 @@ class Later:
 
 
 RETRY_MARGIN = 0.2  # seconds after a lease runs out: the store's clock and ours differ a little
+OUTBOX_TAGS = ("hana/storage/alert", "hana/storage/remediation")  # what triage's outbox holds
+# Seconds from seeing an outbox event on the bus to confirming it: the bus sends it to each
+# subscriber in turn, and one that reads slowly gets it later. A master that dies meanwhile
+# leaves it to be put on a bus again (with its event_id): a repeat, never a loss.
+SETTLE = 5
+REDELIVER_EVERY = 5  # seconds between two looks for overdue outbox events
+
+
+def _safely(function, *args):
+    """``function(*args)``, a failure logged: one event or round must not stop the engine."""
+    try:
+        function(*args)
+    except Exception:  # noqa: BLE001 - logged; the next event or round tries again
+        log.exception("hana_storage_triage: %s failed", getattr(function, "__name__", function))
+
+
+def _forever(function, *args, pause=REDELIVER_EVERY):
+    """A thread of the engine: ``function`` again ``pause`` seconds after each return or failure."""
+    while True:
+        _safely(function, *args)
+        time.sleep(pause)
+
+
+def follow_bus(later, delivered):
+    """Confirm the outbox events the master's bus carries (``confirm_each``), until it fails."""
+    with salt.utils.event.get_master_event(__opts__, __opts__["sock_dir"], listen=True) as bus:
+        confirm_each(bus.iter_events(tag="hana/storage/", full=True, auto_reconnect=True), later, delivered)
+
+
+def confirm_each(events, later, delivered):
+    """``delivered(tag, data)`` for each outbox event among ``events`` ({"tag", "data"}), SETTLE
+    seconds after it passed (``later``); it checks the master's signature."""
+    for event in events:
+        if isinstance(event, dict) and event.get("tag") in OUTBOX_TAGS:
+            later.call(SETTLE, _safely, delivered, event["tag"], event.get("data"))
 
 
 def _triage(triage, tag, data, again):
@@ -162,6 +206,11 @@ def start(workers=4, remediation_workers=16, backlog=20000):
     auto = set(__utils__["hana_storage_rules.auto_rules"]())
     slots = threading.BoundedSemaphore(int(backlog))
     later = Later()
+    for name, args in (
+        ("confirm", (follow_bus, later, __runners__["hana_storage.delivered"])),
+        ("redeliver", (__runners__["hana_storage.redeliver"],)),
+    ):
+        threading.Thread(target=_forever, args=args, name=f"hana_storage_triage-{name}", daemon=True).start()
 
     def submit(pool, tag, data):
         def again(delay):

@@ -11,8 +11,12 @@ Any minion can put any tag and data on the master's bus, so triage trusts nothin
 * the fix runs on that minion only (target type ``list``: an id is never a pattern), through the
   orchestration ``hana.storage.orch.remediate``, and the minion re-audits before fixing anything;
 * one remediation or alert per minion and rule per cooldown, however many events arrive, and
-  never two for one occurrence of a finding (a file per minion and rule under the master's
-  cachedir: it holds across the reactor's threads, module reloads and master restarts);
+  never two for one occurrence of a finding (triage's store, ``hana_storage_store``: files under
+  the master's cachedir, or Redis shared by hot masters; it holds across the reactor's threads,
+  module reloads and master restarts);
+* what an action decided is never lost with its master: the alert or remediation event goes
+  into the store's outbox in the change that records the action, and is sent again (with its
+  ``event_id``) when no bus carried it within ``lease`` seconds (``redeliver``);
 * events are edges, and Salt's reactor can lose one (its worker pool drops a reaction whose
   runner client fails to start, logging it at debug level only); the minion's ``audit`` event
   after each full audit lists every open finding with the time it was first reported, and
@@ -242,10 +246,11 @@ def _store():
     """The store triage keeps its records in (``hana_storage:store``; local files by default).
     A Redis URL may be an ``sdb://`` reference, so its password need not be in the master's
     configuration."""
-    settings = dict(_config().get("store") or {})
+    config = _config()
+    settings = dict(config.get("store") or {})
     if isinstance(settings.get("url"), str) and settings["url"].startswith("sdb://"):
         settings["url"] = salt.utils.sdb.sdb_get(settings["url"], __opts__)
-    return _util("store.open_store")(settings, __opts__["cachedir"])
+    return _util("store.open_store")(settings, __opts__["cachedir"], redeliver=float(config["lease"]))
 
 
 # Who holds a claim: this process and this load of the module, after the master's id (_owner).
@@ -253,60 +258,151 @@ def _store():
 OWNER = f"{os.getpid()}/{uuid.uuid4().hex[:8]}"
 
 
-def _claim(minion, rule, key, since):
+def _claim(minion, rule, key, since, alert=None):
     """What to do about one occurrence of a finding: ``key`` first reported at ``since``.
 
     "act" (this master holds it under a lease until it completes or releases it), "duplicate"
     (handled already: a repeated event, the other master's, or a reconciled one), "held" (another
     claim's lease runs: its master is acting on it) or "cooldown" (an action for this rule within
     the cooldown: not recorded, so the minion's next audit event brings it back).
+
+    With an ``alert`` (a manual rule's), acting is alerting: the same change of the store records
+    the occurrence handled and adds the alert to the outbox, which is then delivered. A master
+    that dies can neither lose the alert nor leave the occurrence to be alerted again.
     """
-    config, claim = _config(), _util("store.claim")
-    lease = float(config["lease"])
-    return _store().update(
-        minion, rule, lambda record, now: claim(record, now, key, since, config["cooldown"], _owner(), lease)
+    config, claim, complete = _config(), _util("store.claim"), _util("store.complete")
+    lease, owner = float(config["lease"]), _owner()
+    events = [_outbox_event(ALERT_TAG, alert)] if alert else []
+
+    def decide(record, now):
+        verdict = claim(record, now, key, since, config["cooldown"], owner, lease)
+        if alert and verdict["verdict"] == "act":
+            complete(record, key, since, owner)
+        return verdict
+
+    def acted(verdict):
+        return alert and verdict["verdict"] == "act"
+
+    verdict = _store().update(
+        minion,
+        rule,
+        decide,
+        tally=lambda verdict: f"alerted|{rule}" if acted(verdict) else None,
+        outbox=lambda verdict: events if acted(verdict) else (),
     )
+    if acted(verdict):
+        _deliver(events)
+    return verdict
 
 
 def _owner():
     return f"{__opts__.get('id') or 'master'}/{OWNER}"
 
 
-def _complete(minion, rule, key, since, action):
-    """Record the occurrence as handled and tally ``action`` (the metrics every master shares)."""
+def _complete(minion, rule, key, since, action, events):
+    """Record the occurrence as handled, tally ``action`` (the metrics every master shares) and
+    add ``events`` to the outbox, in one change of the store."""
     complete = _util("store.complete")
     return _recorded(
         minion,
         rule,
         lambda record, _now: complete(record, key, since, _owner()),
         tally=lambda first: f"{action}|{rule}" if first else None,
+        events=events,
     )
 
 
-def _release(minion, rule, key, keep_cooldown=False, action=None):
-    """Give up the occurrence _claim holds, so a later event acts on it again.
-
-    An alert that never left the master is released with its cooldown (the next event alerts);
-    a remediation that was not verified keeps it (``keep_cooldown``: it was alerted, and the
-    first event after the cooldown tries again), and is tallied as ``action``.
-    """
+def _release(minion, rule, key, action, events):
+    """Give up the occurrence _claim holds, keeping its cooldown (the first event after it acts
+    again), tally ``action`` and add ``events`` to the outbox, in one change of the store."""
     release = _util("store.release")
     return _recorded(
         minion,
         rule,
-        lambda record, _now: release(record, key, _owner(), keep_cooldown),
-        tally=lambda released: f"{action}|{rule}" if released and action else None,
+        lambda record, _now: release(record, key, _owner(), True),
+        tally=lambda released: f"{action}|{rule}" if released else None,
+        events=events,
     )
 
 
-def _recorded(minion, rule, change, tally):
-    """Record what was done. When the store cannot take it, the claim stays until its lease runs
-    out and the occurrence is triaged again then: acted on twice rather than forgotten."""
+def _recorded(minion, rule, change, tally, events):
+    """Record what was done and deliver its events. When the store cannot take it, the events go
+    on the bus all the same, and the claim stays until its lease runs out and the occurrence is
+    triaged again then: acted on twice rather than forgotten."""
     try:
-        return _store().update(minion, rule, change, tally=tally)
+        result = _store().update(minion, rule, change, tally=tally, outbox=lambda _result: events)
     except _util("store.failures")() as error:
         log.error("hana_storage: %s on %s was handled but not recorded: %s", rule, minion, error)
+        _deliver(events, recorded=False)
         return None
+    _deliver(events)
+    return result
+
+
+def _outbox_event(tag, data):
+    """An event an action puts out, as the outbox holds it: its ``event_id`` travels in its data,
+    the same on every delivery."""
+    return {"event_id": uuid.uuid4().hex, "tag": tag, "data": data}
+
+
+def _deliver(events, recorded=True):
+    """Put an action's events on the bus now. Those the store holds (``recorded``) leave its
+    outbox once a bus has carried them: the triage engine confirms each it sees on its master's
+    bus; without the engine, a fire the bus took confirms it. One the bus refused stays, and is
+    put on a bus again when it is due (``redeliver``)."""
+    fired = [
+        event["event_id"]
+        for event in events
+        if _fire(event["tag"], {**event["data"], "event_id": event["event_id"]})
+    ]
+    if recorded and fired and not _engine_running():
+        try:
+            _store().confirm(fired)
+        except _util("store.failures")() as error:  # put on the bus again when due: a repeat, not a loss
+            log.warning("hana_storage: delivered events not confirmed in the store: %s", error)
+    return len(fired) == len(events)
+
+
+ENGINE_SOCKET = "hana_storage_triage.sock"  # bound while the triage engine runs (_engines/)
+
+
+def _engine_running():
+    sock_dir = __opts__.get("sock_dir")
+    return bool(sock_dir) and os.path.exists(os.path.join(sock_dir, ENGINE_SOCKET))
+
+
+def delivered(tag, data):
+    """
+    Confirm that this master's bus carried an event of triage's outbox (``hana/storage/alert`` or
+    ``.../remediation`` with an ``event_id``): it leaves the outbox. True when confirmed; an
+    event the master did not sign (``verify_master``) confirms nothing. The triage engine calls
+    this for each such event it sees on its master's bus.
+    """
+    event_id = data.get("event_id") if isinstance(data, dict) else None
+    if tag not in (ALERT_TAG, REMEDIATION_TAG) or not isinstance(event_id, str) or verify_master(tag, data):
+        return False
+    _store().confirm([event_id])
+    return True
+
+
+def redeliver(limit=500):
+    """
+    Put triage's overdue events on this master's bus again: what an action decided and no bus
+    carried within ``lease`` seconds (its master died first, or its bus refused it). Each keeps
+    its ``event_id``. Returns how many were put on the bus. The triage engine runs this every few
+    seconds; a site without the engine can schedule it.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run hana_storage.redeliver
+    """
+    events = _store().overdue(int(limit))
+    if events:
+        log.warning("hana_storage: putting %d overdue triage events on the bus again", len(events))
+        _deliver(events)
+    return len(events)
 
 
 @contextlib.contextmanager
@@ -359,7 +455,7 @@ def triage(tag, data):
     lost, or deferred by the cooldown) is handled now. The same occurrence is never acted on
     twice.
 
-    Returns ``{"action": "remediated"|"remediation-failed"|"alerted"|"alert-failed"|"cooldown"|
+    Returns ``{"action": "remediated"|"remediation-failed"|"alerted"|"cooldown"|
     "duplicate"|"rejected"|"ignored", ...}`` for a violation, and
     ``{"action": "reconciled", "minion": ..., "findings": [one such result per open finding]}``
     for an audit event. A remediation's result names ``result`` (fixed, absent, not-fixed,
@@ -404,8 +500,15 @@ def _handle(minion, findings, via):
             results.append({"action": "ignored", "minion": minion, "reason": f"unknown rule {rule!r}"})
             continue
         key, since = finding["key"], finding["since"]
+        facts = {k: finding.get(k) for k in FACTS}
+        facts.update(severity=known[rule]["severity"], via=via, key=key, since=since)  # since: the occurrence
+        alert = (
+            None
+            if known[rule]["remediation"] == "auto"
+            else {"minion": minion, **facts, "remediation": "manual"}
+        )
         try:
-            claim = _claim(minion, rule, key, since)
+            claim = _claim(minion, rule, key, since, alert)
         except store_error as error:
             log.error("hana_storage: %s on %s not triaged: %s", rule, minion, error)
             results.append({"action": "store-failed", "minion": minion, "rule": rule, "reason": str(error)})
@@ -413,17 +516,10 @@ def _handle(minion, findings, via):
         verdict = claim.pop("verdict")
         if verdict != "act":
             results.append({"action": verdict, "minion": minion, "rule": rule, **claim})
-            continue
-        facts = {k: finding.get(k) for k in FACTS}
-        facts.update(severity=known[rule]["severity"], via=via, key=key, since=since)  # since: the occurrence
-        if known[rule]["remediation"] == "auto":
+        elif alert is None:
             to_fix.append((facts, key, since))
-        elif _fire(ALERT_TAG, {"minion": minion, **facts, "remediation": "manual"}):
-            _complete(minion, rule, key, since, "alerted")
-            results.append({"action": "alerted", "minion": minion, "rule": rule})
         else:
-            _release(minion, rule, key)  # the next event alerts again, not the cooldown
-            results.append({"action": "alert-failed", "minion": minion, "rule": rule})
+            results.append({"action": "alerted", "minion": minion, "rule": rule})
     if to_fix:
         with _renewing(minion, [(facts["rule"], key) for facts, key, _since in to_fix]):
             results += _remediate(minion, to_fix)
@@ -448,23 +544,20 @@ def _remediate(minion, to_fix):
         rule = facts["rule"]
         result, reason = _verdict(ret, missing, rule)
         detail = missing[1] if ret is None else {k: _of_rule(ret[k], rule) for k in REMEDIATE_LISTS}
-        _fire(
-            REMEDIATION_TAG, {"minion": minion, **facts, "result": result, "reason": reason, "detail": detail}
-        )
+        events = [
+            _outbox_event(
+                REMEDIATION_TAG,
+                {"minion": minion, **facts, "result": result, "reason": reason, "detail": detail},
+            )
+        ]
         entry = {"minion": minion, "rule": rule, "result": result, "reason": reason, "detail": detail}
         if result in DONE:
-            _complete(minion, rule, key, since, "remediated")
+            _complete(minion, rule, key, since, "remediated", events)
             results.append({"action": "remediated", **entry})
             continue
-        alerted = _fire(
-            ALERT_TAG, {"minion": minion, **facts, "remediation": "auto", "result": result, "reason": reason}
-        )
-        if not alerted:
-            log.error(
-                "hana_storage: %s on %s is not fixed (%s) and the alert never left", rule, minion, reason
-            )
-        _release(minion, rule, key, keep_cooldown=alerted, action="remediation-failed")
-        results.append({"action": "remediation-failed", "alerted": alerted, **entry})
+        alert = {"minion": minion, **facts, "remediation": "auto", "result": result, "reason": reason}
+        _release(minion, rule, key, "remediation-failed", events + [_outbox_event(ALERT_TAG, alert)])
+        results.append({"action": "remediation-failed", **entry})
     return results
 
 

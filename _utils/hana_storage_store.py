@@ -24,6 +24,16 @@ to look again.
 
 Each completed action is also tallied in the store (``tallies``: counts per action and rule), so
 the metrics of every master that shares it agree.
+
+The outbox: the events an action puts out (an alert, a remediation's outcome) are added to the
+store in the very change that completes or releases the occurrence, each under an ``event_id``
+and due for delivery ``redeliver`` seconds later. The master that made the change puts them on its
+bus at once; once the bus has carried one, it is ``confirm``ed (removed). One that is still there
+when due (its master died before its bus carried it, or the bus refused it) is ``overdue``: a
+master claims it, due again a ``redeliver`` later, and puts it on its own bus, with the same
+``event_id``. So what a master decided is never lost with it, nor decided twice; a consumer that
+must not see an event twice drops a repeated ``event_id`` (a master that died after its bus carried
+an event and before confirming it).
 """
 
 import contextlib
@@ -38,9 +48,12 @@ except ImportError:  # only the redis driver needs it (requirements/master.in)
     redis = None
 
 TALLY = "tallies"  # the local store's file, and the Redis hash, of the completed actions
+OUTBOX = "outbox"  # the local store's directory (a file per event), the Redis hash (event_id: event)
+DUE = "outbox-due"  # the Redis sorted set: event_id by when it is due for delivery again
 TALLY_LOG = "tallies.log"  # the local store's completed actions, one line each, counted into TALLY
 ROTATE_BYTES = 1 << 20  # a counted log this large is emptied (about 40,000 actions)
 WATCH_ATTEMPTS = 50  # a transaction retried this often lost to other masters every time
+REDELIVER = 60  # seconds: an event not confirmed by then is put on a bus again (hana_storage:lease)
 
 
 class StoreError(Exception):
@@ -153,17 +166,71 @@ class LocalStore:
 
     driver = "local"
 
-    def __init__(self, cachedir):
+    def __init__(self, cachedir, redeliver=REDELIVER):
         self.root = os.path.join(cachedir, "hana_storage", "actions")
+        self.outbox = os.path.join(self.root, OUTBOX)
+        self.redeliver = redeliver
 
-    def update(self, minion, rule, change, tally=None):
+    # The outbox: a file per event, named by its event_id, its mtime when it is due. Only the
+    # triage engine's courier claims overdue events (one master, one engine): a claim sets the
+    # mtime on, under the outbox's lock.
+
+    def _add(self, event, due):
+        path = os.path.join(self.outbox, _event_file(event["event_id"]))
+        try:
+            os.makedirs(self.outbox, mode=0o700, exist_ok=True)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+            with open(os.open(f"{path}.new", flags, 0o600), "w", encoding="utf-8") as out:
+                out.write(json.dumps(event, sort_keys=True, default=str))
+            os.utime(f"{path}.new", (due, due))
+            os.replace(f"{path}.new", path)  # whole or not at all
+        except OSError as error:
+            raise StoreError(f"the local store's outbox at {self.outbox}: {error}") from None
+
+    def confirm(self, event_ids):
+        """The bus carried these events: they leave the outbox."""
+        for event_id in event_ids:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(self.outbox, _event_file(event_id)))
+
+    def overdue(self, limit=500):
+        """Events whose delivery is due and not confirmed, claimed (due again a ``redeliver``
+        later): put them on the bus again."""
+        now, claimed = time.time(), []
+        with self._file_lock(OUTBOX + ".lock", fcntl.LOCK_EX):
+            try:
+                names = os.listdir(self.outbox)
+            except FileNotFoundError:
+                return []
+            for name in (n for n in names if n.endswith(".json")):
+                path = os.path.join(self.outbox, name)
+                try:
+                    if os.stat(path).st_mtime > now:
+                        continue
+                    with open(path, encoding="utf-8") as handle:
+                        event = json.load(handle)
+                    os.utime(path, (now + self.redeliver, now + self.redeliver))
+                except (OSError, ValueError):
+                    continue  # confirmed meanwhile, or half-written by a master that died: not an event
+                claimed.append(event)
+                if len(claimed) == limit:
+                    break
+        return claimed
+
+    def update(self, minion, rule, change, tally=None, outbox=None):
         """``change(record, now)``'s return, the record written back if it changed; ``tally``
-        (a function of that return: a tally name or None) counted once the record is written."""
+        (a function of that return: a tally name or None) counted once the record is written;
+        ``outbox`` (a function of it: events ``{"event_id", "tag", "data"}``) added to the outbox
+        before the record is written, under the record's lock: a master that dies between the two
+        leaves an event of an action it did not record, delivered, and acted on again (never an
+        action recorded and lost)."""
         with self._locked(f"{minion}@{rule}") as (record, now):
             result = change(record, now)
+            for event in outbox(result) if outbox else ():
+                self._add(event, now + self.redeliver)
         name = tally(result) if tally else None
         if name:
-            with self._tally_lock(fcntl.LOCK_SH):
+            with self._file_lock(TALLY_LOG + ".lock", fcntl.LOCK_SH):
                 self._append(TALLY_LOG, f"{name}\n")
         return result
 
@@ -172,7 +239,7 @@ class LocalStore:
         added. A log over ROTATE_BYTES is emptied once the counts that include it are written,
         then the offset is set back: an offset beyond the log's end (a master died between the
         two) is read as the log's start."""
-        with self._tally_lock(fcntl.LOCK_EX):
+        with self._file_lock(TALLY_LOG + ".lock", fcntl.LOCK_EX):
             with self._locked(TALLY, raw=True) as (summary, _now):
                 if not isinstance(summary.get("counts"), dict):  # written before the log: counts alone
                     counts = {k: v for k, v in summary.items() if type(v) is int}
@@ -193,8 +260,8 @@ class LocalStore:
         return result
 
     @contextlib.contextmanager
-    def _tally_lock(self, mode):
-        descriptor = self._open(TALLY_LOG + ".lock", os.O_RDWR | os.O_CREAT)
+    def _file_lock(self, name, mode):
+        descriptor = self._open(name, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(descriptor, mode)
             yield
@@ -247,7 +314,7 @@ class RedisStore:
 
     driver = "redis"
 
-    def __init__(self, url, prefix="hana_storage:", timeout=5):
+    def __init__(self, url, prefix="hana_storage:", timeout=5, redeliver=REDELIVER):
         if redis is None:
             raise StoreError(
                 "the redis store needs the Python package redis on the master (requirements/master.in)"
@@ -257,8 +324,9 @@ class RedisStore:
         except ValueError as error:
             raise StoreError(f"not a Redis URL: {error}") from None
         self.prefix = prefix
+        self.redeliver = redeliver
 
-    def update(self, minion, rule, change, tally=None):
+    def update(self, minion, rule, change, tally=None, outbox=None):
         key = f"{self.prefix}action:{minion}@{rule}"
         try:
             with self.client.pipeline() as pipe:
@@ -269,13 +337,18 @@ class RedisStore:
                         text = pipe.get(key)
                         record = load(text.decode() if text else "")
                         before = dump(record)
-                        result = change(record, seconds + micros / 1e6)
+                        now = seconds + micros / 1e6
+                        result = change(record, now)
                         name = tally(result) if tally else None
                         pipe.multi()
                         if dump(record) != before:
                             pipe.set(key, dump(record))
                         if name:
                             pipe.hincrby(self.prefix + TALLY, name, 1)
+                        for event in outbox(result) if outbox else ():
+                            text = json.dumps(event, sort_keys=True, default=str)
+                            pipe.hset(self.prefix + OUTBOX, event["event_id"], text)
+                            pipe.zadd(self.prefix + DUE, {event["event_id"]: now + self.redeliver})
                         pipe.execute()
                         return result
                     except redis.WatchError:
@@ -283,6 +356,46 @@ class RedisStore:
         except redis.RedisError as error:
             raise StoreError(f"the redis store: {error}") from None
         raise StoreError(f"the redis store: {key} changed under {WATCH_ATTEMPTS} transactions in a row")
+
+    def confirm(self, event_ids):
+        if not event_ids:
+            return
+        try:
+            with self.client.pipeline() as pipe:
+                pipe.hdel(self.prefix + OUTBOX, *event_ids)
+                pipe.zrem(self.prefix + DUE, *event_ids)
+                pipe.execute()
+        except redis.RedisError as error:
+            raise StoreError(f"the redis store: {error}") from None
+
+    def overdue(self, limit=500):
+        due, outbox = self.prefix + DUE, self.prefix + OUTBOX
+        try:
+            with self.client.pipeline() as pipe:
+                for _attempt in range(WATCH_ATTEMPTS):
+                    try:
+                        pipe.watch(due)
+                        seconds, micros = pipe.time()
+                        now = seconds + micros / 1e6
+                        event_ids = pipe.zrangebyscore(due, "-inf", now, start=0, num=limit)
+                        if not event_ids:
+                            return []
+                        texts = pipe.hmget(outbox, event_ids)
+                        pipe.multi()
+                        pipe.zadd(due, dict.fromkeys(event_ids, now + self.redeliver), xx=True)
+                        pipe.execute()
+                        break
+                    except redis.WatchError:
+                        continue  # another master claimed some of them first: look again
+                else:
+                    raise StoreError(f"the redis store: {due} changed under {WATCH_ATTEMPTS} transactions")
+        except redis.RedisError as error:
+            raise StoreError(f"the redis store: {error}") from None
+        events = []
+        for text in texts:
+            with contextlib.suppress(TypeError, ValueError):  # confirmed meanwhile: nothing
+                events.append(json.loads(text))
+        return events
 
     def tallies(self):
         try:
@@ -295,7 +408,14 @@ class RedisStore:
 _OPENED = {}  # one store (and Redis connection pool, shared by threads) per settings
 
 
-def open_store(settings, cachedir):
+def _event_file(event_id):
+    """The local outbox's file of an event: event ids are made by triage (hex), checked anyway."""
+    if not isinstance(event_id, str) or not event_id.isalnum():
+        raise StoreError(f"not an event id: {event_id!r}")
+    return f"{event_id}.json"
+
+
+def open_store(settings, cachedir, redeliver=REDELIVER):
     """The store the triage settings name: ``{"driver": "local"}`` (default) or ``{"driver":
     "redis", "url": "redis://host:6379/0", "prefix": "hana_storage:"}``. StoreError for
     settings it cannot use."""
@@ -303,14 +423,16 @@ def open_store(settings, cachedir):
     if not isinstance(settings, dict):
         raise StoreError(f"hana_storage:store must be a mapping, not {settings!r}")
     driver = settings.get("driver", "local")
-    ident = (driver, settings.get("url"), settings.get("prefix"), cachedir)
+    ident = (driver, settings.get("url"), settings.get("prefix"), cachedir, redeliver)
     if ident not in _OPENED:
         if driver == "local":
-            _OPENED[ident] = LocalStore(cachedir)
+            _OPENED[ident] = LocalStore(cachedir, redeliver)
         elif driver == "redis":
             if not isinstance(settings.get("url"), str):
                 raise StoreError("hana_storage:store:url is needed for the redis driver")
-            _OPENED[ident] = RedisStore(settings["url"], settings.get("prefix") or "hana_storage:")
+            _OPENED[ident] = RedisStore(
+                settings["url"], settings.get("prefix") or "hana_storage:", redeliver=redeliver
+            )
         else:
             raise StoreError(f"hana_storage:store:driver {driver!r} is not one of local, redis")
     return _OPENED[ident]

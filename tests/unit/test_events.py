@@ -305,6 +305,9 @@ def pki(tmp_path, keys):
     return tmp_path
 
 
+real_sleep = time.sleep  # tests patch the runner's time.sleep (its retries)
+
+
 def signed(pki, minion, data, age=0, event="violation"):
     return beacon_events.sign(pki / f"{minion}.pem", minion, event, {"ts": time.time() - age, **data})
 
@@ -504,7 +507,7 @@ def test_a_master_that_dies_holding_an_occurrence_is_taken_over(two_masters, pki
     assert b.triage(tag, data)["action"] == "alerted"
     assert b.triage(tag, data)["action"] == "duplicate"
     key = events.finding_key(finding("HANA-ENC-001"))
-    assert a._complete("db1", "HANA-ENC-001", key, data["ts"], "alerted") is False
+    assert a._complete("db1", "HANA-ENC-001", key, data["ts"], "alerted", []) is False
     assert b._store().tallies() == {"alerted|HANA-ENC-001": 1}
 
 
@@ -527,8 +530,9 @@ def test_a_remediation_outlasting_its_lease_keeps_it(two_masters, pki):
     assert len(a.orchestrations) == 1
 
 
-def test_a_store_lost_after_the_claim_is_logged_and_the_alert_stands(runner, pki, caplog):
-    """The alert left; recording it failed: triage says what it did, the claim's lease runs out."""
+def test_a_store_lost_after_the_claim_is_logged_and_the_outcome_stands(runner, pki, caplog):
+    """The fix was made; recording it failed: its event goes on the bus all the same, triage says
+    what it did, and the claim's lease runs out (acted on twice rather than forgotten)."""
     real, calls = runner._store(), []
 
     class Failing:
@@ -540,9 +544,9 @@ def test_a_store_lost_after_the_claim_is_logged_and_the_alert_stands(runner, pki
 
     runner._store = Failing
     result = runner.triage(
-        "salt/beacon/db1/hana_storage/violation", violation(pki, "db1", finding("HANA-ENC-001"), time.time())
+        "salt/beacon/db1/hana_storage/violation", violation(pki, "db1", finding(), time.time())
     )
-    assert result["action"] == "alerted" and [t for t, _d in runner.fired] == ["hana/storage/alert"]
+    assert result["action"] == "remediated" and [t for t, _d in runner.fired] == ["hana/storage/remediation"]
     assert "handled but not recorded" in caplog.text
 
 
@@ -642,28 +646,85 @@ def test_open_findings_skips_what_does_not_parse():
         assert [f["mountpoint"] for f in events.open_findings(bad)] in ([], [None])
 
 
-def test_an_alert_the_bus_refused_is_retried_then_released(runner, pki, monkeypatch):
-    """A busy master refuses fire_event's connection (it returns False): triage tries again, and
-    an alert that never left is forgotten, so the next violation alerts instead of cooling down."""
+def test_an_alert_the_bus_refused_is_put_on_it_again_when_due(runner, pki, monkeypatch):
+    """A busy master refuses fire_event's connection (it returns False): triage tries again; an
+    alert that never left stays in the outbox and goes on the bus once it is due, with its
+    event_id, and the occurrence is not alerted a second time."""
     fresh = load("_runners/hana_storage.py", "runner_firing")
     for name in ("__opts__", "__utils__", "__salt__"):
         setattr(fresh, name, getattr(runner, name))
+    fresh.__opts__ = {**runner.__opts__, "hana_storage": {"cooldown": 300, "lease": 0.5}}
     monkeypatch.setattr(fresh.time, "sleep", lambda seconds: None)
-    tries = []
-    monkeypatch.setattr(
-        fresh, "_send", lambda tag, data: tag == fresh.TRIAGED_TAG or tries.append(tag) or len(tries) > 2
+    tries, sent = [], []
+
+    def send(tag, data):
+        if tag == fresh.TRIAGED_TAG:
+            return True
+        tries.append(tag)
+        return len(tries) > 2 and not sent.append((tag, data))
+
+    monkeypatch.setattr(fresh, "_send", send)
+    tag, first = (
+        "salt/beacon/db1/hana_storage/violation",
+        violation(pki, "db1", finding("HANA-ENC-001"), time.time()),
     )
-    first = signed(pki, "db1", {"tag": "violation", **finding("HANA-ENC-001")})
-    assert fresh.triage("salt/beacon/db1/hana_storage/violation", first)["action"] == "alerted"
-    assert tries == ["hana/storage/alert"] * 3
-    tag, other = (
-        "salt/beacon/db2/hana_storage/violation",
-        signed(pki, "db2", {"tag": "violation", **finding("HANA-ENC-001")}),
+    assert fresh.triage(tag, first)["action"] == "alerted"
+    assert tries == ["hana/storage/alert"] * 3 and len(sent) == 1, "retried until the bus took it"
+    assert fresh.redeliver() == 0, "delivered without the engine: confirmed"
+
+    monkeypatch.setattr(fresh, "_send", lambda tag, data: tag == fresh.TRIAGED_TAG)
+    other = violation(pki, "db2", finding("HANA-ENC-001"), time.time())
+    assert fresh.triage("salt/beacon/db2/hana_storage/violation", other)["action"] == "alerted"
+    assert fresh.redeliver() == 0, "not due yet: its master may still deliver it"
+    monkeypatch.setattr(fresh, "_send", send)
+    real_sleep(0.6)
+    assert fresh.redeliver() == 1
+    (_tag, again) = sent[-1]
+    assert (again["minion"], again["rule"]) == ("db2", "HANA-ENC-001") and again["event_id"]
+    assert fresh.triage("salt/beacon/db2/hana_storage/violation", other)["action"] == "duplicate"
+    real_sleep(0.6)
+    assert fresh.redeliver() == 0, "confirmed: the bus took it"
+
+
+def test_what_a_master_decided_before_it_died_reaches_the_other_masters_bus(two_masters, pki):
+    """Regression (issue 17): master a recorded an alert and died before its bus carried it; the
+    store held it as handled, so master b found a duplicate and nobody was alerted. Now the
+    alert is in the outbox with its record: b puts it on its bus once it is due (the lease, 1 s
+    here), once, with the event_id a gave it."""
+    a, b = two_masters
+    a._deliver = lambda events, recorded=True: False  # a dies right after the store's change
+    tag = "salt/beacon/db1/hana_storage/violation"
+    data = violation(pki, "db1", finding("HANA-ENC-001"), time.time())
+    assert a.triage(tag, data)["action"] == "alerted" and a.fired == []
+    assert b.triage(tag, data)["action"] == "duplicate"
+    assert b.redeliver() == 0, "not due: a may still deliver it"
+    time.sleep(1.1)
+    assert b.redeliver() == 1 and a.redeliver() == 0, "claimed by one master"
+    ((fired_tag, alert),) = b.fired
+    assert (fired_tag, alert["minion"], alert["rule"], alert["remediation"]) == (
+        "hana/storage/alert",
+        "db1",
+        "HANA-ENC-001",
+        "manual",
     )
-    monkeypatch.setattr(fresh, "_send", lambda tag, data: False)
-    assert fresh.triage(tag, other)["action"] == "alert-failed"
-    monkeypatch.setattr(fresh, "_send", lambda tag, data: True)
-    assert fresh.triage(tag, other)["action"] == "alerted"
+    assert len(alert["event_id"]) == 32
+    b._store().confirm([alert["event_id"]])
+    time.sleep(1.1)
+    assert a.redeliver() == b.redeliver() == 0
+    assert b._store().tallies() == {"alerted|HANA-ENC-001": 1}
+
+
+def test_only_the_masters_own_outbox_events_confirm_delivery(firing, pki):
+    """The triage engine confirms what its bus carried; a minion can put any tag on the bus, so
+    an event the master did not sign confirms nothing (it would silence a pending alert)."""
+    alert = {"minion": "db1", "rule": "HANA-ENC-001", "severity": "critical", "remediation": "manual"}
+    assert firing._fire("hana/storage/alert", {**alert, "event_id": "f" * 32})
+    ((tag, genuine),) = firing.sent
+    assert firing.delivered(tag, genuine) is True
+    for forged in ({**genuine, "sig": None}, {**genuine, "event_id": "0" * 32}, {**genuine, "sig": "@@"}):
+        assert firing.delivered(tag, forged) is False
+    assert firing.delivered("hana/storage/triaged", genuine) is False
+    assert firing.delivered(tag, {k: v for k, v in genuine.items() if k != "event_id"}) is False
 
 
 # ---- only a verified fix counts (issue 13, defect 10) ----------------------------------------------------
@@ -741,7 +802,6 @@ def test_only_a_verified_fix_counts_anything_else_alerts_and_is_released(runner,
     outcome = runner.triage(tag, event)
     assert outcome["action"] == "remediation-failed", outcome
     assert (outcome["result"], outcome["reason"]) == (result, reason)
-    assert outcome["alerted"] is True
     fired = dict(runner.fired)
     assert (fired["hana/storage/remediation"]["result"], fired["hana/storage/remediation"]["reason"]) == (
         result,
@@ -1006,6 +1066,19 @@ def test_exporter_follows_findings(exporter):
     assert 'hana_storage_findings{minion="db1",rule="HANA-PERF-002",severity="medium"} 0.0' in text
     assert 'hana_storage_remediations_total{minion="db1",result="fixed",rule="HANA-PERF-002"} 1.0' in text
     assert 'hana_storage_last_audit_timestamp_seconds{minion="db1"} 1000.0' in text
+
+
+def test_exporter_counts_an_outcome_sent_again_once(exporter):
+    """Triage sends an outbox event again, with its event_id, when no bus carried it in time: it
+    is one alert, not two; another alert for the same finding is another one."""
+    module, metrics, registry = exporter
+    alert = {"minion": "db1", "rule": "HANA-ENC-001", "event_id": "a" * 32}
+    for data in (alert, alert, {**alert, "event_id": "b" * 32}, {"minion": "db1", "rule": "HANA-ENC-001"}):
+        module.handle(metrics, "hana/storage/alert", data)
+    assert (
+        'hana_storage_alerts_total{minion="db1",rule="HANA-ENC-001"} 3.0'
+        in generate_latest(registry).decode()
+    )
 
 
 def test_exporter_reads_open_findings_by_the_key_the_beacon_made(exporter):

@@ -261,3 +261,78 @@ def test_counts_written_before_the_log_are_kept(tmp_path):
     alerted(local, "db1")
     assert local.tallies() == {"alerted|HANA-ENC-001": 8, "remediated|HANA-PERF-002": 2}
     assert local.tallies() == {"alerted|HANA-ENC-001": 8, "remediated|HANA-PERF-002": 2}
+
+
+# ---- the outbox ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["local", "redis"])
+def outboxes(request, tmp_path, redis_url):
+    """Two masters' stores over one outbox, events due again 0.5 s after they are added or claimed."""
+    if request.param == "local":
+        return store.LocalStore(str(tmp_path), redeliver=0.5), store.LocalStore(str(tmp_path), redeliver=0.5)
+    prefix = f"outbox-{time.monotonic_ns()}:"
+    return tuple(store.RedisStore(redis_url, prefix, redeliver=0.5) for _ in range(2))
+
+
+def alert_event(n=0):
+    return {"event_id": f"e{n:04d}", "tag": "hana/storage/alert", "data": {"minion": "db1", "n": n}}
+
+
+def test_an_actions_events_are_added_with_its_change_and_only_then(outboxes):
+    """The events go into the outbox in the change that records the action: a change that adds
+    none, or a claim that lost, leaves the outbox as it was."""
+    a, b = outboxes
+    claim = a.update(
+        "db1",
+        "HANA-ENC-001",
+        lambda r, now: store.claim(r, now, KEY, SINCE, 300, "a", 60),
+        outbox=lambda verdict: [alert_event(1)] if verdict["verdict"] == "act" else [],
+    )
+    lost = b.update(
+        "db1",
+        "HANA-ENC-001",
+        lambda r, now: store.claim(r, now, KEY, SINCE, 300, "b", 60),
+        outbox=lambda verdict: [alert_event(2)] if verdict["verdict"] == "act" else [],
+    )
+    assert (claim["verdict"], lost["verdict"]) == ("act", "held")
+    assert a.overdue() == [] and b.overdue() == [], "not due before its master had time to deliver it"
+    time.sleep(0.6)
+    assert b.overdue() == [alert_event(1)]
+
+
+def test_an_overdue_event_is_claimed_by_one_master_until_it_is_due_again(outboxes):
+    """The master that decided died before its bus carried the events: the other masters put
+    each on a bus once per ``redeliver`` - two masters looking at once share them, none twice -
+    until one is confirmed."""
+    a, b = outboxes
+    a.update("db1", "HANA-ENC-001", lambda r, now: None, outbox=lambda _: [alert_event(n) for n in range(40)])
+    time.sleep(0.6)
+    claimed, start = [], threading.Barrier(4)
+
+    def look(mine):
+        start.wait()
+        claimed.extend(event["event_id"] for event in mine.overdue(limit=15))
+
+    threads = [threading.Thread(target=look, args=(outboxes[n % 2],)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    claimed += [event["event_id"] for event in a.overdue()]
+    assert sorted(claimed) == [f"e{n:04d}" for n in range(40)], "each once"
+    assert a.overdue() == [] and b.overdue() == []
+    b.confirm([f"e{n:04d}" for n in range(39)])
+    time.sleep(0.6)
+    assert [event["event_id"] for event in a.overdue()] == ["e0039"], "confirmed: gone; the rest due again"
+
+
+def test_a_local_outbox_keeps_no_half_written_event_and_no_foreign_name(tmp_path):
+    local = store.LocalStore(str(tmp_path), redeliver=0)
+    local.update("db1", "HANA-ENC-001", lambda r, now: None, outbox=lambda _: [alert_event(1)])
+    (tmp_path / "hana_storage" / "actions" / "outbox" / "e0002.json").write_text('{"event_id": "e00')
+    assert local.overdue() == [alert_event(1)]
+    with pytest.raises(store.StoreError, match="not an event id"):
+        local.confirm(["../tallies"])
+    mode = (tmp_path / "hana_storage" / "actions" / "outbox" / "e0001.json").stat().st_mode & 0o777
+    assert mode == 0o600

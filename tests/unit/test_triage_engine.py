@@ -107,7 +107,12 @@ def test_a_malformed_hand_off_is_a_clear_error(engine, payload):
 def running(engine, sock_dir, triage):
     """The engine's loop in a thread with ``triage`` as its runner; the socket's path once bound."""
     engine.__opts__ = {"sock_dir": sock_dir}
-    engine.__runners__ = {"hana_storage.triage": triage}
+    engine.__runners__ = {
+        "hana_storage.triage": triage,
+        "hana_storage.delivered": lambda tag, data: True,
+        "hana_storage.redeliver": lambda: 0,
+    }
+    engine.follow_bus = lambda later, delivered: threading.Event().wait()  # no master's bus here
     engine.__utils__ = {"hana_storage_rules.auto_rules": rules.auto_rules}
     kwargs = {"workers": 2, "remediation_workers": 2, "backlog": 4}
     threading.Thread(target=engine.start, kwargs=kwargs, daemon=True).start()
@@ -193,3 +198,32 @@ def test_events_that_may_remediate_go_to_their_own_pool(engine):
     assert engine.may_remediate(audit, {"since": {"HANA-PERF-002|data|/dev/x": 1.0}}, auto)
     assert not engine.may_remediate(audit, {"since": {"HANA-ENC-001|data|/dev/x": 1.0}}, auto)
     assert not engine.may_remediate(audit, {"since": ["HANA-PERF-002|data|/dev/x"]}, auto)
+
+
+def test_the_outbox_events_the_bus_carries_are_confirmed_once_settled(engine, monkeypatch):
+    """What leaves triage's outbox: an alert or remediation event the master's bus carried,
+    SETTLE seconds later (a subscriber that reads slowly gets it later), and nothing else."""
+    monkeypatch.setattr(engine, "SETTLE", 0.3)
+    confirmed, later = [], engine.Later()
+    bus = [
+        {"tag": "hana/storage/alert", "data": {"event_id": "a1"}},
+        {"tag": "hana/storage/triaged", "data": {"event_id": "t1"}},
+        {"tag": "hana/storage/remediation", "data": {"event_id": "r1"}},
+        None,
+        "garbage",
+        {"tag": "hana/storage/alert", "data": {"boom": True}},
+    ]
+
+    def delivered(tag, data):
+        if data.get("boom"):
+            raise RuntimeError("the store went away")
+        confirmed.append((time.monotonic(), tag, data["event_id"]))
+
+    passed = time.monotonic()
+    engine.confirm_each(bus, later, delivered)
+    eventually(lambda: len(confirmed) == 2, f"two confirmed: {confirmed}")
+    assert [(tag, event_id) for _at, tag, event_id in confirmed] == [
+        ("hana/storage/alert", "a1"),
+        ("hana/storage/remediation", "r1"),
+    ]
+    assert all(at - passed >= 0.3 for at, _tag, _id in confirmed)
