@@ -27,7 +27,8 @@ count only when the master's signature verifies (the runner's ``verify_master``,
 a ``preload``), and a forged remediation failure or alert must not reach a metric. What fails
 is counted as ``hana_storage_rejected_events_total{reason="forged_master_event"}`` instead, and
 logged with the id Salt recorded for its sender. ``verify_signatures: false`` turns off both
-checks (a test bus only).
+checks (a test bus only). An alert or remediation event seen again with the same ``event_id``
+(triage sent it again) is counted once.
 
 .. code-block:: yaml
 
@@ -38,6 +39,7 @@ checks (a test bus only).
           verify_signatures: true
 """
 
+import collections
 import logging
 
 import salt.utils.event
@@ -56,6 +58,7 @@ __virtualname__ = "hana_storage_exporter"
 
 BEACON_PREFIX = "salt/beacon/"
 RUNNER_PREFIX = "hana/storage/"
+SEEN_OUTCOMES = 100_000  # event_ids remembered: far more than a lease's worth of outcomes
 
 
 def __virtual__():
@@ -112,6 +115,19 @@ class Metrics:
         self.open = {}  # minion -> {finding key: (volume, rule, severity)}
         self.volumes = {}  # minion -> volumes seen
         self.series = {}  # minion -> (rule, severity) label pairs exported
+        self.outcomes = collections.OrderedDict()  # the event_ids of the last SEEN_OUTCOMES outcomes
+
+    def first_time(self, event_id):
+        """Whether an alert or remediation event is new: one that triage sent again (no bus had
+        carried it when its master died, or it was not confirmed in time) keeps its event_id."""
+        if event_id is None:
+            return True
+        if event_id in self.outcomes:
+            return False
+        self.outcomes[event_id] = None
+        if len(self.outcomes) > SEEN_OUTCOMES:
+            self.outcomes.popitem(last=False)
+        return True
 
     def audit(self, minion, data):
         open_findings = {}
@@ -207,6 +223,8 @@ def handle(metrics, tag, data, verify=None, verify_master=None):
             )
             return
         event = tag[len(RUNNER_PREFIX) :]
+        if event in ("remediation", "alert") and not metrics.first_time(data.get("event_id")):
+            return
         if event == "remediation":
             metrics.remediations.labels(data["minion"], data["rule"], data["result"]).inc()
         elif event == "alert":
