@@ -36,6 +36,7 @@ import time
 import urllib.request
 
 import hana_storage_rules as rules
+import psutil
 import pytest
 import salt.utils.event
 import yaml
@@ -172,12 +173,30 @@ def fleet_events(master, limit=None, minions=MINIONS):
     return plan
 
 
+class FirstSeen:
+    """Event ids seen so far, shared by the followers of several masters' buses: an outbox event
+    put on a bus again (with its event_id) is one outcome, not two."""
+
+    def __init__(self):
+        self.ids, self.repeats, self.lock = set(), 0, threading.Lock()
+
+    def first(self, event_id):
+        with self.lock:
+            if event_id is not None and event_id in self.ids:
+                self.repeats += 1
+                return False
+            self.ids.add(event_id)
+            return True
+
+
 class Outcomes:
     """Follows the master's bus: what triage returned (``hana/storage/triaged``), and every alert
-    and remediation event per (minion, rule)."""
+    and remediation event per (minion, rule), each event_id once (``seen``: shared with the
+    followers of other masters)."""
 
-    def __init__(self, master):
+    def __init__(self, master, seen=None):
         self.opts = master.config
+        self.seen = seen or FirstSeen()
         self.returned = collections.Counter()
         self.findings = collections.Counter()  # per-finding actions of the reconciling jobs
         self.alerts, self.remediations = collections.Counter(), collections.Counter()
@@ -205,6 +224,8 @@ class Outcomes:
 
     def count(self, tag, data):
         if tag in ("hana/storage/alert", "hana/storage/remediation"):
+            if not self.seen.first(data.get("event_id")):
+                return
             series = (data.get("minion"), data.get("rule"))
             (self.alerts if tag.endswith("alert") else self.remediations)[series] += 1
             if tag.endswith("remediation"):
@@ -292,6 +313,61 @@ def settle(read, expected, started, quiet=60, timeout=1800):
     return value, changed - started
 
 
+def role(process):
+    """What a process of the run does, from its title (Salt sets one per process, cut to the
+    length of the original command line) and, for the engines, what it listens on."""
+    title = " ".join(process.cmdline())
+    if "cli_salt_minion" in title:
+        return "minion daemons"
+    if process.pid == os.getpid():
+        return "the bench (forwarding, following)"
+    if "Engine(" in title:
+        if any(
+            c.laddr and str(c.laddr).endswith("hana_storage_triage.sock")
+            for c in process.net_connections("unix")
+        ):
+            return "master: triage engine"
+        if any(c.status == psutil.CONN_LISTEN for c in process.net_connections("tcp")):
+            return "master: exporter engine"
+        return "master: Salt's engines (the reactor)"
+    for name in ("MWorker", "EventPublisher", "ReqServer", "PubServer", "Maintenance"):
+        if name in title:
+            return f"master: {name}"
+    return "master: other"
+
+
+class CpuUse:
+    """CPU seconds used by every process of the run (the master's, the minion daemons', the
+    bench's own), by role, between ``start`` and ``stop``: what each triaged event costs the
+    machine, and where. Children that exited (runner jobs, orchestrations) count in their parent."""
+
+    def __init__(self, master):
+        self.roots = [psutil.Process(master.pid), *(psutil.Process(m.pid) for m in master.minions)]
+
+    def sample(self):
+        used = collections.Counter()
+        for process in [
+            psutil.Process(),
+            *self.roots,
+            *(c for r in self.roots for c in r.children(recursive=True)),
+        ]:
+            with contextlib.suppress(psutil.Error):
+                times = process.cpu_times()
+                used[role(process)] += times.user + times.system + times.children_user + times.children_system
+        return used
+
+    def __enter__(self):
+        self.before = self.sample()
+        return self
+
+    def stop(self):
+        after = self.sample()
+        return {name: after[name] - self.before.get(name, 0) for name in after}
+
+    def __exit__(self, *exc):
+        return False
+
+
 def run_fleet(master, plan):
     """The violation burst, then the audit round; every (minion, rule) checked. The figures."""
     assert not totals(master).get("hana_storage_violations_total")
@@ -304,7 +380,7 @@ def run_fleet(master, plan):
     for events in by_minion.values():
         batches += [events[i : i + BATCH] for i in range(0, len(events), BATCH)]
     auto = sum(1 for e in sent if e["data"]["remediation"] == "auto")
-    with Outcomes(master) as outcomes:
+    with Outcomes(master) as outcomes, CpuUse(master) as cpu:
         started = time.monotonic()
         forwarded = forward(master, batches)
         counted, exporter = settle(
@@ -318,6 +394,7 @@ def run_fleet(master, plan):
             started,
         )
         triaged = sum(outcomes.returned.values())
+        burst_cpu = cpu.stop()
         audit_started = time.monotonic()
         forward(master, [[audit] for _violations, audit in plan.values()])
         reconciled, audit_seconds = settle(lambda: outcomes.returned["reconciled"], len(plan), audit_started)
@@ -338,6 +415,8 @@ def run_fleet(master, plan):
         "runner jobs": outcomes.runner_jobs,
         "audit round": outcomes.findings,
         "audit rate": reconciled / audit_seconds,
+        "cpu per event": {name: seconds / max(handled, 1) for name, seconds in burst_cpu.items()},
+        "burst seconds": reactor,
     }
 
 
@@ -389,6 +468,17 @@ def test_fleet_every_finding_handled_once(salt_factories, tmp_path_factory, old_
         [fleet["reactor"] / old_design["reactor"]],
         target=Target(">=", 1.5),
     )
+    for name, design in (("shipped", fleet), ("a runner job per event", old_design)):
+        per_event = design["cpu per event"]
+        bench.record(
+            f"fleet: CPU per triaged event, whole machine ({name})",
+            "ms",
+            [1000 * sum(per_event.values())],
+            note="; ".join(
+                f"{role} {1000 * s:.2f}" for role, s in sorted(per_event.items(), key=lambda i: -i[1])
+            )
+            + f" (ms per event, {psutil.cpu_count()} CPUs, the burst took {design['burst seconds']:.0f} s)",
+        )
     bench.record(
         "fleet: events triaged by runner jobs, not the engine",
         "events",

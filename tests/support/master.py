@@ -147,3 +147,20 @@ def kill_tree(factory):
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.send_signal(sig)
     psutil.wait_procs(family, timeout=30)
+
+
+OUTCOMES = ("hana/storage/alert", "hana/storage/remediation")  # what triage decides, via its outbox
+
+
+def outcomes(event_listener, masters, after, rules=None):
+    """[(master id, tag, minion, rule)] of every alert and remediation the masters' buses carried
+    since ``after`` (for ``rules``, or all), each event_id once: an event sent again (its master
+    died before a bus carried it, or before confirming it) is one outcome, not two."""
+    found, seen = [], set()
+    for master in masters:
+        for tag in OUTCOMES:
+            for event in event_listener.get_events([(master.id, tag)], after_time=after):
+                if (rules is None or event.data.get("rule") in rules) and event.data["event_id"] not in seen:
+                    seen.add(event.data["event_id"])
+                    found.append((master.id, tag, event.data["minion"], event.data["rule"]))
+    return found

@@ -32,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests import beacon_events
 from tests.conftest import REPO
 from tests.support.lab_master import BEACON, KEY, MINION, connect_minion, lab_master, wait_for
-from tests.support.master import free_port, started_hot_masters, triage_results
+from tests.support.master import free_port, outcomes, started_hot_masters, triage_results
 from tests.support.redis_store import redis_server
 from tests.vm.conftest import boot
 
@@ -130,17 +130,6 @@ def total(masters, name, **labels):
     return sum(value(metrics(m), name, **labels) for m in masters)
 
 
-def outcomes(event_listener, masters, after, rules):
-    """(tag, rule) of every remediation and alert either master fired for ``rules`` since ``after``."""
-    return sorted(
-        (tag, e.data["rule"])
-        for m in masters
-        for tag in ("hana/storage/remediation", "hana/storage/alert")
-        for e in event_listener.get_events([(m.id, tag)], after_time=after)
-        if e.data.get("rule") in rules
-    )
-
-
 def occurrences(event_listener, masters, after, rules):
     """Per master, the (key, since) of its violations of ``rules`` since ``after``."""
     return [
@@ -213,7 +202,10 @@ def acted_once(event_listener, masters, after, rules, expected):
         for e in event_listener.get_events([(m.id, "*")], after_time=after)
         if e.data.get("rule") in rules or e.tag.endswith(("/triaged", "/audit"))
     ]
-    assert outcomes(event_listener, masters, after, rules) == sorted(expected), sorted(story)
+    found = sorted(
+        (tag, rule) for _master, tag, _minion, rule in outcomes(event_listener, masters, after, rules)
+    )
+    assert found == sorted(expected), sorted(story)
 
 
 def drift(vm, event_listener, masters, script, rules, record):
