@@ -73,7 +73,7 @@ lint:
 	.venv/bin/ruff check -q .
 	.venv/bin/ruff format -q --check .
 	.venv/bin/vermin -q --no-tips --violations --target=3.10- --eval-annotations _modules _states _beacons _runners _engines _utils
-	.venv/bin/salt-lint salt/hana/storage/*.sls salt/hana/storage/orch/*.sls  # reactor/*.sls is #!py: ruff
+	.venv/bin/salt-lint salt/hana/storage/*.sls  # reactor/*.sls is #!py: ruff
 
 clean:
 	rm -rf build .pytest_cache .ruff_cache .hypothesis

@@ -15,7 +15,7 @@ no occurrence is acted on twice. The outcome of every triage is fired as
 
 An event that may lead to a remediation (a violation of an auto rule in the master's rule
 table, or an audit event listing one) goes to a pool of its own: its thread waits for the
-orchestration, seconds per minion, and must not hold up the alerts behind it. Which pool an event
+minion's remediate, seconds per minion, and must not hold up the alerts behind it. Which pool an event
 goes to is all the engine takes from it; triage verifies the sender's signature and decides, as
 it does for a runner job.
 
@@ -37,7 +37,7 @@ only; the reactor runs in the master).
     engines:
       - hana_storage_triage:
           workers: 4                # threads for events that can only alert
-          remediation_workers: 16   # threads waiting for remediation orchestrations
+          remediation_workers: 16   # threads waiting for a minion's remediate
           backlog: 20000            # events held (about 2 KB each); beyond it the reactor starts runner jobs
 """
 

@@ -8,8 +8,8 @@ Any minion can put any tag and data on the master's bus, so triage trusts nothin
 * the sender is the minion whose accepted key verifies the event's signature (the beacon signs
   every event); an unsigned, forged or stale event is rejected and reported;
 * whether a rule may be fixed automatically comes from the master's own rule table;
-* the fix runs on that minion only (target type ``list``: an id is never a pattern), through the
-  orchestration ``hana.storage.orch.remediate``, and the minion re-audits before fixing anything;
+* the fix runs on that minion only (``hana_storage.remediate``, target type ``list``: an id is never
+  a pattern), and the minion re-audits before fixing anything;
 * one remediation or alert per minion and rule per cooldown, however many events arrive, and
   never two for one occurrence of a finding (triage's store, ``hana_storage_store``: files under
   the master's cachedir, or Redis shared by hot masters; it holds across the reactor's threads,
@@ -25,7 +25,7 @@ Any minion can put any tag and data on the master's bus, so triage trusts nothin
   interval;
 * only a verified fix counts: a remediation is ``fixed`` when the minion's ``remediate`` lists
   the rule as fixed and its re-audit after the fix no longer finds it. Anything else (skipped by
-  the minion's policy, failed, still open, no return, the orchestration failed) is reported as
+  the minion's policy, failed, still open, no return, the call failed) is reported as
   ``failed`` or ``not-fixed`` with a reason code, alerted, and the occurrence released, so the
   first event after the cooldown acts on it again.
 
@@ -408,7 +408,7 @@ def redeliver(limit=500):
 @contextlib.contextmanager
 def _renewing(minion, held):
     """Renew the leases of ``held`` [(rule, key)] every third of the lease while the block runs
-    (a remediation waits for its orchestration for longer than a lease), so another master takes
+    (a remediation waits for the minion for longer than a lease), so another master takes
     the occurrences over only when this one stops renewing them: it died."""
     # The thread is handed the store and the owner, not the loader's dunders: Salt keeps those
     # in contextvars, and in the triage engine's threads even a copied context left __utils__
@@ -460,7 +460,7 @@ def triage(tag, data):
     ``{"action": "reconciled", "minion": ..., "findings": [one such result per open finding]}``
     for an audit event. A remediation's result names ``result`` (fixed, absent, not-fixed,
     failed) and ``reason`` (a code: verified, not_found, manual_rule, not_allowed, not_mounted,
-    no_fix, skipped, still_open, fix_failed, no_return, orchestration_failed); a remediation
+    no_fix, skipped, still_open, fix_failed, no_return, call_failed); a remediation
     that is not fixed or absent is ``remediation-failed``, alerted and released.
 
     CLI Example (what the reactor does):
@@ -491,7 +491,7 @@ def _triage(tag, data):
 
 
 def _handle(minion, findings, via):
-    """One result per finding: alert the manual ones, remediate the auto ones in one orchestration."""
+    """One result per finding: alert the manual ones, remediate the auto ones in one call to the minion."""
     known, store_error = _util("rules.rule_table")(), _util("store.failures")()
     results, to_fix = [], []
     for finding in findings:
@@ -531,14 +531,11 @@ def _remediate(minion, to_fix):
     verified fix (or nothing left to fix) is done; anything else is alerted and released."""
     rules = sorted({facts["rule"] for facts, _key, _since in to_fix})
     try:
-        outcome = __salt__["state.orchestrate"](
-            "hana.storage.orch.remediate",
-            pillar={"hana_storage_remediation": {"minion": minion, "rules": rules}},
-        )
-    except Exception as exc:  # noqa: BLE001 - reported like any other failed orchestration
-        log.error("hana_storage: the remediation orchestration for %s failed: %s", minion, exc)
-        outcome = {"data": {}, "comment": str(exc)}
-    ret, missing = _remediation_return(outcome, minion)
+        returned = _call_remediate(minion, rules)
+    except Exception as exc:  # noqa: BLE001 - reported like any other call that returned nothing
+        log.error("hana_storage: calling hana_storage.remediate on %s failed: %s", minion, exc)
+        returned = exc
+    ret, missing = _remediation_return(returned, minion)
     results = []
     for facts, key, since in to_fix:
         rule = facts["rule"]
@@ -564,24 +561,47 @@ def _remediate(minion, to_fix):
 REMEDIATE_LISTS = ("fixed", "failed", "skipped", "remaining")
 
 
-def _remediation_return(outcome, minion):
-    """(the minion's remediate() return, None), or (None, (code, why there is none)) out of the
-    orchestration's return. A return counts only with all four lists: anything else (an error
-    text, a minion that did not answer) is no return at all, never "nothing to fix"."""
-    data = outcome.get("data") if isinstance(outcome, dict) else None
-    states = next(iter(data.values()), None) if isinstance(data, dict) and data else None
-    if isinstance(states, list):  # the orchestration did not render: its errors
-        return None, ("orchestration_failed", "; ".join(str(error) for error in states))
-    if not isinstance(states, dict) or not states:
-        comment = outcome.get("comment") if isinstance(outcome, dict) else outcome
-        return None, ("orchestration_failed", str(comment or "the orchestration returned no state"))
-    state = next(iter(states.values()))
-    state = state if isinstance(state, dict) else {"comment": str(state)}
-    changes = state.get("changes") if isinstance(state.get("changes"), dict) else {}
-    ret = changes.get("ret").get(minion) if isinstance(changes.get("ret"), dict) else None
+REMEDIATE_TIMEOUT = (
+    600  # the minion re-audits, then fixes through state.single (queued behind a running state)
+)
+
+
+def _call_remediate(minion, rules):
+    """``hana_storage.remediate`` on that one minion (target type ``list``: an id is never a
+    pattern): {minion: its return}, or {} when it did not answer.
+
+    A direct call, as the ``salt.function`` state of the orchestration that used to wrap it
+    made it: running the orchestration added a highstate's loaders and the master's pillar to
+    each remediation, about 0.1 s of the master's CPU (bench/test_fleet.py, CPU per event by
+    process, one run each way).
+    """
+    client = salt.client.get_local_client(mopts=__opts__)
+    try:
+        return client.cmd(
+            minion,
+            "hana_storage.remediate",
+            kwarg={"rules": rules},
+            tgt_type="list",
+            timeout=REMEDIATE_TIMEOUT,
+        )
+    finally:
+        client.destroy()
+
+
+def _remediation_return(returned, minion):
+    """(the minion's remediate() return, None), or (None, (code, why there is none)) out of what
+    the call returned. A return counts only with all four lists: anything else (an error text,
+    a minion that did not answer) is no return at all, never "nothing to fix"."""
+    if isinstance(returned, Exception):
+        return None, ("call_failed", str(returned) or type(returned).__name__)
+    if not isinstance(returned, dict):
+        return None, ("call_failed", f"the call returned {returned!r}, not a mapping of returns")
+    ret = returned.get(minion)
     if isinstance(ret, dict) and all(isinstance(ret.get(k), list) for k in REMEDIATE_LISTS):
         return ret, None
-    return None, ("no_return", state.get("comment") or f"{minion} returned no remediation")
+    if ret is None:
+        return None, ("no_return", f"{minion} did not answer within {REMEDIATE_TIMEOUT} s")
+    return None, ("no_return", f"{minion} returned no remediation: {str(ret)[:200]}")
 
 
 def _of_rule(entries, rule):

@@ -5,14 +5,14 @@ conf/master.d/hana-storage.conf as shipped - the reactor map, the triage runner,
 exporter, the triage settings and the large-fleet settings; ``REAL`` salt-minion daemons with
 their own keys, connected to the master; the master's request server, through which every event
 arrives (each real minion forwards its share of the fleet's beacon batches with ``fire_master``,
-the way a minion sends its beacons' events); remediation orchestrations, run by triage against
-the real minions, whose ``hana_storage.remediate`` re-audits this host.
+the way a minion sends its beacons' events); remediations: triage calls ``hana_storage.remediate``
+on the real minions, which re-audits this host.
 
 What is simulated: the other minions are accepted keys (one shared RSA key pair: the master
 verifies every signature, the signing is what is simulated) whose events a real minion forwards;
-their findings are all manual rules, because an orchestration against a minion that is not
+their findings are all manual rules, because a remediation on a minion that is not
 connected only waits for its timeout. The real minions' pillar names devices this host does not
-have and disables fixing (``remediation: enabled: false``), so the orchestration, the publish,
+have and disables fixing (``remediation: enabled: false``), so the call, the publish,
 the minion's audit and its return are measured, but no fix is made on the host.
 
 Each real minion has 5 auto and 5 manual findings, each simulated one 10 manual ones. Two
@@ -339,7 +339,7 @@ def role(process):
 class CpuUse:
     """CPU seconds used by every process of the run (the master's, the minion daemons', the
     bench's own), by role, between ``start`` and ``stop``: what each triaged event costs the
-    machine, and where. Children that exited (runner jobs, orchestrations) count in their parent."""
+    machine, and where. Children that exited (runner jobs) count in their parent."""
 
     def __init__(self, master):
         self.roots = [psutil.Process(master.pid), *(psutil.Process(m.pid) for m in master.minions)]
@@ -459,7 +459,7 @@ def test_fleet_every_finding_handled_once(salt_factories, tmp_path_factory, old_
         "fleet: triage, shipped (reactor -> triage engine)",
         "events/s",
         [fleet["reactor"]],
-        note=f"{n} findings ({fleet['auto']} auto: one orchestration each, results "
+        note=f"{n} findings ({fleet['auto']} auto: one remediation call each, results "
         f"{dict(fleet['results'])}); from the first event sent to the last outcome",
     )
     bench.record(

@@ -10,7 +10,7 @@ file, and disables fixing, so nothing on the host is changed. Each finding reach
   each finding gets exactly one alert; the fleet report and the triage metrics read the same
   from either master;
 * then the key file becomes readable by others (HANA-KEY-001, an auto rule): the first master
-  to start a remediation for it is killed, process tree and all, while the orchestration waits;
+  to start a remediation for it is killed, process tree and all, while it waits for the minion;
   the other master finds the occurrence held, takes it over once the lease (5 s here) has run
   out, and every finding still ends in exactly one remediation and one alert (not fixed: not
   allowed) across the two masters - none twice, none lost.
@@ -164,7 +164,7 @@ def test_a_master_killed_while_remediating_is_taken_over(hot, event_listener, ke
                 return holder, name.decode().split(":")[-1].split("@")[0]
         return None
 
-    # a claim is taken before the orchestration starts, which waits for the minion's audit (a few
+    # a claim is taken before the call to the minion starts, which waits for the minion's audit (a few
     # hundred ms here): the store is polled so the kill lands while the claim is held
     deadline = time.monotonic() + 120
     while not (claim := claimant()):

@@ -110,7 +110,7 @@ def test_an_auto_finding_the_minion_may_not_fix_is_alerted_and_acted_on_again(
 
     # the same occurrence, listed by the minion's next audit events: released, so never a
     # duplicate; within the rule's cooldown it waits, after it the remediation runs (and is
-    # alerted) again. The orchestration may outlast the cooldown on a busy machine: then the
+    # alerted) again. The remediation may outlast the cooldown on a busy machine: then the
     # first audit event acts already.
     actions = []
     while "remediation-failed" not in actions:

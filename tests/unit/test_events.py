@@ -341,7 +341,7 @@ def runner(pki, tmp_path):
         "minion_id_lowercase": False,
     }
     module.__utils__ = UTILS
-    module.orchestrations = []
+    module.remediate_calls = []
     record_fired(module)
 
     def fixed_all(rules):
@@ -356,42 +356,21 @@ def runner(pki, tmp_path):
 
     module.minion_ret = fixed_all  # a test replaces it: rules -> the minion's return
 
-    def orchestrate(mods, pillar):
-        module.orchestrations.append(pillar["hana_storage_remediation"])
-        minion, rules = (
-            pillar["hana_storage_remediation"]["minion"],
-            pillar["hana_storage_remediation"]["rules"],
-        )
-        return orchestration(minion, module.minion_ret(rules))
+    def call_remediate(minion, rules):
+        """The minion's answer to hana_storage.remediate: {minion: its return}, {} when silent."""
+        module.remediate_calls.append({"minion": minion, "rules": rules})
+        ret = module.minion_ret(rules)
+        return {} if ret is None else {minion: ret}
 
-    module.__salt__ = {"state.orchestrate": orchestrate}
+    module._call_remediate = call_remediate
     return module
-
-
-def orchestration(minion, ret, result=None):
-    """What state.orchestrate returns for hana.storage.orch.remediate: the salt.function state
-    with the minion's return (failed when the minion's retcode was not 0, as salt.function does)."""
-    ok = isinstance(ret, dict) and ret.get("result") is True
-    return {
-        "data": {
-            "master": {
-                "salt_|-hana-storage-remediate_|-hana_storage.remediate_|-function": {
-                    "result": ok if result is None else result,
-                    "comment": "Function ran successfully."
-                    if ok
-                    else f"Running function failed on minions: {minion}",
-                    "changes": {"ret": {minion: ret}},
-                }
-            }
-        }
-    }
 
 
 def test_genuine_violation_is_remediated_on_its_sender_only(runner, pki):
     data = signed(pki, "db1", {"tag": "violation", **finding()})
     result = runner.triage("salt/beacon/db1/hana_storage/violation", data)
     assert result["action"] == "remediated"
-    assert runner.orchestrations == [{"minion": "db1", "rules": ["HANA-PERF-002"]}]
+    assert runner.remediate_calls == [{"minion": "db1", "rules": ["HANA-PERF-002"]}]
     assert runner.fired[-1][0] == "hana/storage/remediation" and runner.fired[-1][1]["result"] == "fixed"
 
 
@@ -418,13 +397,13 @@ def test_forgeries_are_rejected(runner, pki):
         assert result["action"] == "rejected" and result["code"] == code, name
     replayed = signed(pki, "db1", {"tag": "violation", **finding()}, age=3600)
     assert runner.verify("salt/beacon/db1/hana_storage/violation", replayed)["code"] == "stale"
-    assert runner.orchestrations == []
+    assert runner.remediate_calls == []
 
 
 def test_manual_rule_claimed_auto_only_alerts(runner, pki):
     data = signed(pki, "db1", {"tag": "violation", **finding("HANA-ENC-001"), "remediation": "auto"})
     assert runner.triage("salt/beacon/db1/hana_storage/violation", data)["action"] == "alerted"
-    assert runner.orchestrations == [] and runner.fired[-1][0] == "hana/storage/alert"
+    assert runner.remediate_calls == [] and runner.fired[-1][0] == "hana/storage/alert"
 
 
 def test_flood_gets_one_action_per_minion_and_rule(runner, pki):
@@ -453,7 +432,7 @@ def two_masters(runner, redis_url):
     masters = []
     for name in ("hot-a", "hot-b"):
         master = load("_runners/hana_storage.py", f"runner_{name}")
-        for attribute in ("__utils__", "__salt__", "minion_ret", "orchestrations"):
+        for attribute in ("__utils__", "_call_remediate", "minion_ret", "remediate_calls"):
             setattr(master, attribute, getattr(runner, attribute))
         record_fired(master)
         settings = {
@@ -512,13 +491,13 @@ def test_a_master_that_dies_holding_an_occurrence_is_taken_over(two_masters, pki
 
 
 def test_a_remediation_outlasting_its_lease_keeps_it(two_masters, pki):
-    """A remediation waits seconds for its orchestration; its master renews the lease meanwhile,
+    """A remediation waits seconds for the minion; its master renews the lease meanwhile,
     so the other master's copy of the event waits instead of fixing the same thing again."""
     a, b = two_masters
     tag = "salt/beacon/db1/hana_storage/violation"
     data = violation(pki, "db1", finding("HANA-PERF-002"), time.time() - 5)
-    slow = a.__salt__["state.orchestrate"]
-    a.__salt__ = {"state.orchestrate": lambda mods, pillar: time.sleep(2.5) or slow(mods, pillar)}
+    slow = a._call_remediate
+    a._call_remediate = lambda minion, rules: time.sleep(2.5) or slow(minion, rules)
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(1) as pool:
@@ -527,7 +506,7 @@ def test_a_remediation_outlasting_its_lease_keeps_it(two_masters, pki):
         assert b.triage(tag, data)["action"] == "held"
         assert fixing.result()["action"] == "remediated"
     assert b.triage(tag, data)["action"] == "duplicate"
-    assert len(a.orchestrations) == 1
+    assert len(a.remediate_calls) == 1
 
 
 def test_a_store_lost_after_the_claim_is_logged_and_the_outcome_stands(runner, pki, caplog):
@@ -556,7 +535,7 @@ def test_an_unreachable_store_acts_on_nothing_and_says_so(runner, pki):
         "salt/beacon/db1/hana_storage/violation", violation(pki, "db1", finding(), time.time())
     )
     assert result["action"] == "store-failed" and "redis store" in result["reason"], result
-    assert runner.fired == [] and runner.orchestrations == []
+    assert runner.fired == [] and runner.remediate_calls == []
 
 
 def test_cooldown_survives_a_reload_and_ends(runner, pki):
@@ -564,7 +543,7 @@ def test_cooldown_survives_a_reload_and_ends(runner, pki):
     tag = "salt/beacon/db1/hana_storage/violation"
     assert runner.triage(tag, violation(pki, "db1", finding(), time.time() - 9))["action"] == "remediated"
     again = load("_runners/hana_storage.py", "runner_reloaded")
-    for name in ("__opts__", "__utils__", "__salt__", "_fire"):
+    for name in ("__opts__", "__utils__", "_call_remediate", "_fire"):
         setattr(again, name, getattr(runner, name))
     drifted_again = violation(pki, "db1", finding(), time.time())  # the same finding, a new occurrence
     assert again.triage(tag, drifted_again)["action"] == "cooldown"
@@ -622,14 +601,14 @@ def test_a_finding_deferred_by_the_cooldown_is_handled_by_a_later_audit(runner, 
     assert runner.fired[-1][1]["volume"] == "log"
 
 
-def test_an_audit_event_remediates_its_auto_findings_in_one_orchestration(runner, pki):
+def test_an_audit_event_remediates_its_auto_findings_in_one_call(runner, pki):
     tag = "salt/beacon/db1/hana_storage/audit"
     flags, crypttab = finding("HANA-PERF-002"), finding("HANA-PERSIST-001")
     result = runner.triage(
         tag, audit(pki, "db1", [(flags, 5.0), (crypttab, 6.0), (finding("HANA-ENC-002"), 7.0)])
     )
     assert sorted(r["action"] for r in result["findings"]) == ["alerted", "remediated", "remediated"]
-    assert runner.orchestrations == [{"minion": "db1", "rules": ["HANA-PERF-002", "HANA-PERSIST-001"]}]
+    assert runner.remediate_calls == [{"minion": "db1", "rules": ["HANA-PERF-002", "HANA-PERSIST-001"]}]
     assert runner.triage(tag, audit(pki, "db1", []))["findings"] == []
 
 
@@ -651,7 +630,7 @@ def test_an_alert_the_bus_refused_is_put_on_it_again_when_due(runner, pki, monke
     alert that never left stays in the outbox and goes on the bus once it is due, with its
     event_id, and the occurrence is not alerted a second time."""
     fresh = load("_runners/hana_storage.py", "runner_firing")
-    for name in ("__opts__", "__utils__", "__salt__"):
+    for name in ("__opts__", "__utils__", "_call_remediate"):
         setattr(fresh, name, getattr(runner, name))
     fresh.__opts__ = {**runner.__opts__, "hana_storage": {"cooldown": 300, "lease": 0.5}}
     monkeypatch.setattr(fresh.time, "sleep", lambda seconds: None)
@@ -756,10 +735,6 @@ def claimed_success(ret):
     return {**ret, "result": True}
 
 
-def raises(mods, pillar):
-    raise TimeoutError("the master's job cache timed out")
-
-
 NOT_FIXED = {
     "remediation disabled in the minion's pillar": (
         lambda rules: claimed_success(
@@ -822,27 +797,23 @@ def test_only_a_verified_fix_counts_anything_else_alerts_and_is_released(runner,
     record.write_text(json.dumps({**stored, "at": stored["at"] - 301}))  # the cooldown has passed
     again = runner.triage("salt/beacon/db1/hana_storage/audit", audit(pki, "db1", [(key_finding(), since)]))
     assert [r["action"] for r in again["findings"]] == ["remediation-failed"]
-    assert len(runner.orchestrations) == 2
+    assert len(runner.remediate_calls) == 2
     assert [t for t, _ in runner.fired].count("hana/storage/alert") == 2
 
 
-def test_a_failed_orchestration_alerts_and_is_released(runner, pki):
-    for orchestrate, detail in (
-        (raises, "timed out"),
-        (
-            lambda mods, pillar: {"data": {"master": ["Rendering SLS 'base:hana.storage.orch' failed"]}},
-            "Rendering",
-        ),
-        (lambda mods, pillar: {"data": {}}, "no state"),
-    ):
-        runner.__salt__["state.orchestrate"] = orchestrate
+def test_a_call_that_failed_alerts_and_is_released(runner, pki):
+    def raises(minion, rules):
+        raise TimeoutError("the master's job cache timed out")
+
+    for call, detail in ((raises, "timed out"), (lambda minion, rules: None, "not a mapping")):
+        runner._call_remediate = call
         runner.fired.clear()
         data = violation(pki, "db1", key_finding(), time.time())
         outcome = runner.triage("salt/beacon/db1/hana_storage/violation", data)
         assert (outcome["action"], outcome["result"], outcome["reason"]) == (
             "remediation-failed",
             "failed",
-            "orchestration_failed",
+            "call_failed",
         )
         assert detail in outcome["detail"]
         assert [t for t, _ in runner.fired] == ["hana/storage/remediation", "hana/storage/alert"]
@@ -1127,7 +1098,7 @@ def test_exporter_ignores_rejected_senders(exporter):
 def firing(runner, monkeypatch):
     """A runner whose _fire is the real one (signing included), its bus a list."""
     fresh = load("_runners/hana_storage.py", "runner_signing")
-    for name in ("__opts__", "__utils__", "__salt__"):
+    for name in ("__opts__", "__utils__", "_call_remediate"):
         setattr(fresh, name, getattr(runner, name))
     fresh.sent = []
     monkeypatch.setattr(fresh, "_send", lambda tag, data: fresh.sent.append((tag, data)) or True)
@@ -1194,7 +1165,7 @@ def test_the_master_signs_what_it_fires_and_only_that_is_counted(firing, pki, ex
 
 def test_every_event_triage_fires_is_signed(firing, pki):
     """Alerts, remediations and rejections alike: each verifies as the master's."""
-    firing.__salt__ = {"state.orchestrate": lambda mods, pillar: {"data": {}}}
+    firing._call_remediate = lambda minion, rules: {}  # the minion did not answer
     tag = "salt/beacon/db1/hana_storage/violation"
     firing.triage(tag, violation(pki, "db1", finding("HANA-ENC-001"), time.time()))
     firing.triage(tag, violation(pki, "db1", key_finding(), time.time()))

@@ -189,7 +189,7 @@ def test_an_occurrence_another_master_holds_is_triaged_again_when_its_lease_runs
 
 
 def test_events_that_may_remediate_go_to_their_own_pool(engine):
-    """An orchestration holds its thread for seconds: alerts must not queue behind it."""
+    """A remediation call holds its thread for seconds: alerts must not queue behind it."""
     auto = set(rules.auto_rules())
     assert engine.may_remediate(TAG, {"rule": "HANA-PERF-002"}, auto)
     assert not engine.may_remediate(TAG, {"rule": "HANA-ENC-001"}, auto)

@@ -1,7 +1,7 @@
 """Event-driven compliance end to end, with real daemons and a real kernel, on two hot masters.
 
 Two salt-masters run on the host (pytest-salt-factories) as Salt's hot multi-master peers: one key
-pair, the formula's reactor, triage engine and runner, remediation orchestration and Prometheus
+pair, the formula's reactor, triage engine and runner, remediation calls and Prometheus
 exporter engine on each, and one real Redis as the triage store they share (README, "More than
 one master"). A salt-minion daemon runs in the lab VM, connected to both over QEMU user
 networking; it applies hana.storage and runs the compliance beacon, one instance per master
@@ -271,7 +271,7 @@ def test_refresh_without_flags_is_caught_remediated_and_resolved(
         value(samples, "hana_storage_violations_total", **labels)
         == value(before, "hana_storage_violations_total", **labels) + 1
     )
-    # fixed by its own orchestration, or absent: PERF-003's fix (the same refresh) got there first;
+    # fixed by its own call, or absent: PERF-003's fix (the same refresh) got there first;
     # on whichever master claimed it
     assert (
         sum(

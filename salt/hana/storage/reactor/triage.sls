@@ -4,7 +4,7 @@
 salt/beacon/<minion>/hana_storage/violation, and .../audit when it lists open findings -> triage.
 
 The event is only a hint: triage checks the sender's signature, takes auto/manual from the
-master's rule table, applies the cooldown, then runs hana.storage.orch.remediate or fires
+master's rule table, applies the cooldown, then calls hana_storage.remediate on that minion or fires
 hana/storage/alert. An audit event reconciles: each open finding the master has not handled yet
 (its violation's reaction was lost) is handled.
 
