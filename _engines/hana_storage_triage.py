@@ -15,19 +15,20 @@ no occurrence is acted on twice. The outcome of every triage is fired as
 
 An event that may lead to a remediation (a violation of an auto rule in the master's rule
 table, or an audit event listing one) goes to a pool of its own: its thread waits for the
-minion's remediate, seconds per minion, and must not hold up the alerts behind it. Which pool an event
-goes to is all the engine takes from it; triage verifies the sender's signature and decides, as
-it does for a runner job.
+minion's ``hana_storage.remediate``, seconds per minion, and must not hold up the alerts behind
+it. Which pool an event goes to is all the engine takes from it; triage verifies the sender's
+signature and decides, as it does for a runner job.
 
 With hot masters sharing a store, an occurrence the other master is acting on is ``held`` by its
 lease: the engine triages that event again when the lease runs out, so if that master died
 before finishing, this one takes the occurrence over within a lease. (A runner job leaves it to
 the minion's next audit event.)
 
-The engine also sees triage's outbox through: each ``hana/storage/alert`` and ``.../remediation``
-event its master's bus carries (signed by the master) is confirmed, SETTLE seconds later, and
-leaves the outbox; every REDELIVER_EVERY seconds it puts on its bus again what is overdue - the
-events of actions whose master died before its bus carried them (``hana_storage.redeliver``).
+The engine also sees triage's outbox through. Each ``hana/storage/alert`` and ``.../remediation``
+event its master's bus carries (signed by the master) is confirmed SETTLE seconds later, and
+leaves the outbox. Every REDELIVER_EVERY seconds the engine puts on its bus again what is
+overdue: the events of actions whose master died before a bus carried them
+(``hana_storage.redeliver``).
 
 The socket is ``<sock_dir>/hana_storage_triage.sock``, mode 0600 (the master's user
 only; the reactor runs in the master).

@@ -360,7 +360,6 @@ def _deliver(events, recorded=True):
             _store().confirm(fired)
         except _util("store.failures")() as error:  # put on the bus again when due: a repeat, not a loss
             log.warning("hana_storage: delivered events not confirmed in the store: %s", error)
-    return len(fired) == len(events)
 
 
 ENGINE_SOCKET = "hana_storage_triage.sock"  # bound while the triage engine runs (_engines/)
@@ -561,9 +560,8 @@ def _remediate(minion, to_fix):
 REMEDIATE_LISTS = ("fixed", "failed", "skipped", "remaining")
 
 
-REMEDIATE_TIMEOUT = (
-    600  # the minion re-audits, then fixes through state.single (queued behind a running state)
-)
+# seconds: the minion re-audits, then fixes through state.single (queued behind a running state)
+REMEDIATE_TIMEOUT = 600
 
 
 def _call_remediate(minion, rules):
