@@ -328,34 +328,26 @@ class RedisStore:
 
     def update(self, minion, rule, change, tally=None, outbox=None):
         key = f"{self.prefix}action:{minion}@{rule}"
-        try:
-            with self.client.pipeline() as pipe:
-                for _attempt in range(WATCH_ATTEMPTS):
-                    try:
-                        pipe.watch(key)
-                        seconds, micros = pipe.time()
-                        text = pipe.get(key)
-                        record = load(text.decode() if text else "")
-                        before = dump(record)
-                        now = seconds + micros / 1e6
-                        result = change(record, now)
-                        name = tally(result) if tally else None
-                        pipe.multi()
-                        if dump(record) != before:
-                            pipe.set(key, dump(record))
-                        if name:
-                            pipe.hincrby(self.prefix + TALLY, name, 1)
-                        for event in outbox(result) if outbox else ():
-                            text = json.dumps(event, sort_keys=True, default=str)
-                            pipe.hset(self.prefix + OUTBOX, event["event_id"], text)
-                            pipe.zadd(self.prefix + DUE, {event["event_id"]: now + self.redeliver})
-                        pipe.execute()
-                        return result
-                    except redis.WatchError:
-                        continue  # another master changed the record between our read and write
-        except redis.RedisError as error:
-            raise StoreError(f"the redis store: {error}") from None
-        raise StoreError(f"the redis store: {key} changed under {WATCH_ATTEMPTS} transactions in a row")
+
+        def read_change_write(pipe, now):
+            text = pipe.get(key)
+            record = load(text.decode() if text else "")
+            before = dump(record)
+            result = change(record, now)
+            name = tally(result) if tally else None
+            pipe.multi()
+            if dump(record) != before:
+                pipe.set(key, dump(record))
+            if name:
+                pipe.hincrby(self.prefix + TALLY, name, 1)
+            for event in outbox(result) if outbox else ():
+                pipe.hset(
+                    self.prefix + OUTBOX, event["event_id"], json.dumps(event, sort_keys=True, default=str)
+                )
+                pipe.zadd(self.prefix + DUE, {event["event_id"]: now + self.redeliver})
+            return result, True
+
+        return self._transaction(key, read_change_write)
 
     def confirm(self, event_ids):
         if not event_ids:
@@ -369,33 +361,43 @@ class RedisStore:
             raise StoreError(f"the redis store: {error}") from None
 
     def overdue(self, limit=500):
-        due, outbox = self.prefix + DUE, self.prefix + OUTBOX
+        due = self.prefix + DUE
+
+        def claim_overdue(pipe, now):
+            event_ids = pipe.zrangebyscore(due, "-inf", now, start=0, num=limit)
+            if not event_ids:
+                return [], False
+            texts = pipe.hmget(self.prefix + OUTBOX, event_ids)
+            pipe.multi()
+            pipe.zadd(due, dict.fromkeys(event_ids, now + self.redeliver), xx=True)
+            return texts, True
+
+        events = []
+        for text in self._transaction(due, claim_overdue):
+            with contextlib.suppress(TypeError, ValueError):  # confirmed meanwhile: nothing
+                events.append(json.loads(text))
+        return events
+
+    def _transaction(self, watched, body):
+        """``body(pipe, now)``'s result, in one ``WATCH``/``MULTI`` transaction on the key
+        ``watched``, timed by the server's clock. ``body`` reads through ``pipe``, calls
+        ``pipe.multi()`` and queues its writes, and returns (result, whether to write). It runs
+        again when another master changed ``watched`` between its read and the write."""
         try:
             with self.client.pipeline() as pipe:
                 for _attempt in range(WATCH_ATTEMPTS):
                     try:
-                        pipe.watch(due)
+                        pipe.watch(watched)
                         seconds, micros = pipe.time()
-                        now = seconds + micros / 1e6
-                        event_ids = pipe.zrangebyscore(due, "-inf", now, start=0, num=limit)
-                        if not event_ids:
-                            return []
-                        texts = pipe.hmget(outbox, event_ids)
-                        pipe.multi()
-                        pipe.zadd(due, dict.fromkeys(event_ids, now + self.redeliver), xx=True)
-                        pipe.execute()
-                        break
+                        result, write = body(pipe, seconds + micros / 1e6)
+                        if write:
+                            pipe.execute()
+                        return result
                     except redis.WatchError:
-                        continue  # another master claimed some of them first: look again
-                else:
-                    raise StoreError(f"the redis store: {due} changed under {WATCH_ATTEMPTS} transactions")
+                        continue  # another master changed it between our read and write
         except redis.RedisError as error:
             raise StoreError(f"the redis store: {error}") from None
-        events = []
-        for text in texts:
-            with contextlib.suppress(TypeError, ValueError):  # confirmed meanwhile: nothing
-                events.append(json.loads(text))
-        return events
+        raise StoreError(f"the redis store: {watched} changed under {WATCH_ATTEMPTS} transactions in a row")
 
     def tallies(self):
         try:
