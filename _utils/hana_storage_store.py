@@ -171,9 +171,9 @@ class LocalStore:
         self.outbox = os.path.join(self.root, OUTBOX)
         self.redeliver = redeliver
 
-    # The outbox: a file per event, named by its event_id, its mtime when it is due. Only the
-    # triage engine's courier claims overdue events (one master, one engine): a claim sets the
-    # mtime on, under the outbox's lock.
+    # The outbox: a file per event, named by its event_id, its mtime when it is due. A claim of
+    # an overdue event sets the mtime on, under the outbox's lock (the triage engine claims them;
+    # a redeliver runner job may run beside it).
 
     def _add(self, event, due):
         path = os.path.join(self.outbox, _event_file(event["event_id"]))
