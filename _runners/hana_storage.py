@@ -345,17 +345,19 @@ def _outbox_event(tag, data):
     return {"event_id": uuid.uuid4().hex, "tag": tag, "data": data}
 
 
-def _deliver(events, recorded=True):
+def _deliver(events, recorded=True, again=False):
     """Put an action's events on the bus now. Those the store holds (``recorded``) leave its
     outbox once a bus has carried them: the triage engine confirms each it sees on its master's
-    bus; without the engine, a fire the bus took confirms it. One the bus refused stays, and is
-    put on a bus again when it is due (``redeliver``)."""
+    bus. A fire the bus took confirms the event at once without the engine, and for an event
+    sent ``again``: sending it once more is the recovery, and a confirmation that lags (or an
+    engine that cannot follow its bus) must not send it again every lease. One the bus refused
+    stays, and is put on a bus again when it is due (``redeliver``)."""
     fired = [
         event["event_id"]
         for event in events
         if _fire(event["tag"], {**event["data"], "event_id": event["event_id"]})
     ]
-    if recorded and fired and not _engine_running():
+    if recorded and fired and (again or not _engine_running()):
         try:
             _store().confirm(fired)
         except _util("store.failures")() as error:  # put on the bus again when due: a repeat, not a loss
@@ -400,7 +402,7 @@ def redeliver(limit=500):
     events = _store().overdue(int(limit))
     if events:
         log.warning("hana_storage: putting %d overdue triage events on the bus again", len(events))
-        _deliver(events)
+        _deliver(events, again=True)
     return len(events)
 
 
