@@ -417,6 +417,7 @@ def run_fleet(master, plan):
         "audit rate": reconciled / audit_seconds,
         "cpu per event": {name: seconds / max(handled, 1) for name, seconds in burst_cpu.items()},
         "burst seconds": reactor,
+        "sent again": outcomes.seen.repeats,
     }
 
 
@@ -479,6 +480,13 @@ def test_fleet_every_finding_handled_once(salt_factories, tmp_path_factory, old_
             )
             + f" (ms per event, {psutil.cpu_count()} CPUs, the burst took {design['burst seconds']:.0f} s)",
         )
+    bench.record(
+        "fleet: outcomes sent again (same event_id)",
+        "events",
+        [fleet["sent again"]],
+        note="outbox events the engine had not confirmed from its bus within the lease (60 s), sent "
+        "again and counted once; more than none means its bus follower lagged that far",
+    )
     bench.record(
         "fleet: events triaged by runner jobs, not the engine",
         "events",
