@@ -25,8 +25,8 @@ before finishing, this one takes the occurrence over within a lease. (A runner j
 the minion's next audit event.)
 
 The engine also sees triage's outbox through. Each ``hana/storage/alert`` and ``.../remediation``
-event its master's bus carries (signed by the master) is confirmed SETTLE seconds later, and
-leaves the outbox. Every REDELIVER_EVERY seconds the engine puts on its bus again what is
+event its master's bus carries (signed by the master) is confirmed ``settle`` seconds later
+(``confirm_each`` says why), and leaves the outbox. Every REDELIVER_EVERY seconds the engine puts on its bus again what is
 overdue: the events of actions whose master died before a bus carried them
 (``hana_storage.redeliver``).
 
@@ -40,6 +40,8 @@ only; the reactor runs in the master).
           workers: 4                # threads for events that can only alert
           remediation_workers: 16   # threads waiting for a minion's remediate
           backlog: 20000            # events held (about 2 KB each); beyond it the reactor starts runner jobs
+          settle: 30                # seconds from seeing an outcome event on the bus to confirming it
+                                    # (at most half of hana_storage:lease)
 """
 
 import concurrent.futures
@@ -151,10 +153,6 @@ class Later:
 
 RETRY_MARGIN = 0.2  # seconds after a lease runs out: the store's clock and ours differ a little
 OUTBOX_TAGS = ("hana/storage/alert", "hana/storage/remediation")  # what triage's outbox holds
-# Seconds from seeing an outbox event on the bus to confirming it: the bus sends it to each
-# subscriber in turn, and one that reads slowly gets it later. A master that dies meanwhile
-# leaves it to be put on a bus again (with its event_id): a repeat, never a loss.
-SETTLE = 5
 REDELIVER_EVERY = 5  # seconds between two looks for overdue outbox events
 
 
@@ -173,18 +171,31 @@ def _forever(function, *args, pause=REDELIVER_EVERY):
         time.sleep(pause)
 
 
-def follow_bus(later, delivered):
+def follow_bus(later, delivered, settle):
     """Confirm the outbox events the master's bus carries (``confirm_each``), until it fails."""
     with salt.utils.event.get_master_event(__opts__, __opts__["sock_dir"], listen=True) as bus:
-        confirm_each(bus.iter_events(tag="hana/storage/", full=True, auto_reconnect=True), later, delivered)
+        events = bus.iter_events(tag="hana/storage/", full=True, auto_reconnect=True)
+        confirm_each(events, later, delivered, settle)
 
 
-def confirm_each(events, later, delivered):
-    """``delivered(tag, data)`` for each outbox event among ``events`` ({"tag", "data"}), SETTLE
-    seconds after it passed (``later``); it checks the master's signature."""
+def confirm_each(events, later, delivered, settle):
+    """``delivered(tag, data)`` for each outbox event among ``events`` ({"tag", "data"}), ``settle``
+    seconds after it passed (``later``); it checks the master's signature.
+
+    Why wait: the master's publisher sends each event to its subscribers in turn, and holds what a
+    subscriber has not read yet. When the master dies, what it held for a subscriber that lagged
+    is lost for that one. An event its master dies within ``settle`` seconds of is put on a bus
+    again (with its event_id): a repeat for the subscribers that had it, not a loss for those
+    that lagged less than ``settle``."""
     for event in events:
         if isinstance(event, dict) and event.get("tag") in OUTBOX_TAGS:
-            later.call(SETTLE, _safely, delivered, event["tag"], event.get("data"))
+            later.call(settle, _safely, delivered, event["tag"], event.get("data"))
+
+
+def settle_within(settle, lease):
+    """``settle``, or half the lease when that is shorter: an event must be confirmed before it
+    is due to be sent again (``lease`` seconds after it was decided)."""
+    return float(settle) if lease is None else min(float(settle), float(lease) / 2)
 
 
 def _triage(triage, tag, data, again):
@@ -198,7 +209,7 @@ def _triage(triage, tag, data, again):
         again(wait + RETRY_MARGIN)
 
 
-def start(workers=4, remediation_workers=16, backlog=20000):
+def start(workers=4, remediation_workers=16, backlog=20000, settle=30):
     """
     Receive the reactor's hand-offs and triage them until the master stops.
     """
@@ -207,8 +218,9 @@ def start(workers=4, remediation_workers=16, backlog=20000):
     auto = set(__utils__["hana_storage_rules.auto_rules"]())
     slots = threading.BoundedSemaphore(int(backlog))
     later = Later()
+    settle = settle_within(settle, (__opts__.get("hana_storage") or {}).get("lease"))
     for name, args in (
-        ("confirm", (follow_bus, later, __runners__["hana_storage.delivered"])),
+        ("confirm", (follow_bus, later, __runners__["hana_storage.delivered"], settle)),
         ("redeliver", (__runners__["hana_storage.redeliver"],)),
     ):
         threading.Thread(target=_forever, args=args, name=f"hana_storage_triage-{name}", daemon=True).start()

@@ -112,7 +112,7 @@ def running(engine, sock_dir, triage):
         "hana_storage.delivered": lambda tag, data: True,
         "hana_storage.redeliver": lambda: 0,
     }
-    engine.follow_bus = lambda later, delivered: threading.Event().wait()  # no master's bus here
+    engine.follow_bus = lambda later, delivered, settle: threading.Event().wait()  # no master's bus here
     engine.__utils__ = {"hana_storage_rules.auto_rules": rules.auto_rules}
     kwargs = {"workers": 2, "remediation_workers": 2, "backlog": 4}
     threading.Thread(target=engine.start, kwargs=kwargs, daemon=True).start()
@@ -200,10 +200,9 @@ def test_events_that_may_remediate_go_to_their_own_pool(engine):
     assert not engine.may_remediate(audit, {"since": ["HANA-PERF-002|data|/dev/x"]}, auto)
 
 
-def test_the_outbox_events_the_bus_carries_are_confirmed_once_settled(engine, monkeypatch):
+def test_the_outbox_events_the_bus_carries_are_confirmed_once_settled(engine):
     """What leaves triage's outbox: an alert or remediation event the master's bus carried,
     SETTLE seconds later (a subscriber that reads slowly gets it later), and nothing else."""
-    monkeypatch.setattr(engine, "SETTLE", 0.3)
     confirmed, later = [], engine.Later()
     bus = [
         {"tag": "hana/storage/alert", "data": {"event_id": "a1"}},
@@ -220,10 +219,18 @@ def test_the_outbox_events_the_bus_carries_are_confirmed_once_settled(engine, mo
         confirmed.append((time.monotonic(), tag, data["event_id"]))
 
     passed = time.monotonic()
-    engine.confirm_each(bus, later, delivered)
+    engine.confirm_each(bus, later, delivered, 0.3)
     eventually(lambda: len(confirmed) == 2, f"two confirmed: {confirmed}")
     assert [(tag, event_id) for _at, tag, event_id in confirmed] == [
         ("hana/storage/alert", "a1"),
         ("hana/storage/remediation", "r1"),
     ]
     assert all(at - passed >= 0.3 for at, _tag, _id in confirmed)
+
+
+def test_an_event_is_confirmed_before_it_is_due_again(engine):
+    """Confirmation waits ``settle`` seconds; an event is sent again ``lease`` seconds after it
+    was decided: a lease of 5 s (the integration tier's) settles in 2.5 s."""
+    assert engine.settle_within(30, 60) == 30.0
+    assert engine.settle_within(30, 5) == 2.5
+    assert engine.settle_within(30, None) == 30.0
