@@ -26,9 +26,9 @@ the minion's next audit event.)
 
 The engine also sees triage's outbox through. Each ``hana/storage/alert`` and ``.../remediation``
 event its master's bus carries (signed by the master) is confirmed ``settle`` seconds later
-(``confirm_each`` says why), and leaves the outbox. Every REDELIVER_EVERY seconds the engine puts on its bus again what is
-overdue: the events of actions whose master died before a bus carried them
-(``hana_storage.redeliver``).
+(``confirm_each`` says why), and leaves the outbox. Every REDELIVER_EVERY seconds the engine
+puts on its bus again what is overdue: the events of actions whose master died before a bus
+carried them (``hana_storage.redeliver``).
 
 The socket is ``<sock_dir>/hana_storage_triage.sock``, mode 0600 (the master's user
 only; the reactor runs in the master).

@@ -4,8 +4,8 @@ What is real: two salt-masters configured as shipped (conf/master.d/hana-storage
 triage engine, exporter, triage and fleet settings, the 60 s lease), peers in Salt's hot
 multi-master (one master key, each at its own address), sharing a real redis-server as triage's
 store; ``REAL`` salt-minion daemons connected to both, whose connections carry every event to
-each master, as a minion's beacon events reach every master it is connected to; remediation
-remediations on those minions. The burst (MINIONS x 10 findings, as in test_fleet.py)
+each master, as a minion's beacon events reach every master it is connected to; remediations
+on those minions (triage calls their ``hana_storage.remediate``). The burst (MINIONS x 10 findings, as in test_fleet.py)
 reaches both masters; once a third of the findings have an outcome, every process of master A is
 stopped and killed, no clean-up, as when its host dies. Master B then finishes the burst: what A
 had claimed and not completed, B finds held and takes over once the lease has run out. Then each
