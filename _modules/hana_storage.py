@@ -123,9 +123,11 @@ def validate_pillar(pillar=None, host_checks=True):
         return errors
     facts = None
     if host_checks:
+        backups = (config.get("header_backup") or {}).get("directory")
         facts = {
             "devices": _host("device_facts")(_pillar_devices(config)),
             "system_devices": _host("system_devices")(),
+            "paths": _host("path_facts")([backups] if isinstance(backups, str) else []),
         }
     return _util("pillar.validate")(config, _schema(), facts, _util("rules.auto_rules")())
 

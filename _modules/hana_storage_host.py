@@ -77,6 +77,22 @@ def device_facts(devices):
     return facts
 
 
+def path_facts(paths):
+    """{path: {"realpath", "fstype"}}: where a directory the pillar names really leads (the part
+    that exists resolved, the rest appended) and the type of the file system it lands on."""
+    mounts = sorted(_mounts(), key=lambda m: len(m["mountpoint"]))
+    facts = {}
+    for path in paths:
+        if not path.startswith("/"):
+            continue
+        real = os.path.realpath(path)
+        under = [
+            m for m in mounts if real == m["mountpoint"] or real.startswith(m["mountpoint"].rstrip("/") + "/")
+        ]
+        facts[path] = {"realpath": real, "fstype": under[-1]["fstype"] if under else None}
+    return facts
+
+
 def system_devices():
     """Device paths that hold the running system (/, /boot, /usr, /var, swap), disks included."""
     devices = _util("stack.build_devices")(_sysfs(), {}, _mounts())

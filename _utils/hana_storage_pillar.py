@@ -15,6 +15,7 @@ import base64
 import binascii
 import copy
 import posixpath
+import re
 from typing import NamedTuple
 
 PREFIX = "hana:storage"
@@ -78,14 +79,24 @@ class PillarError(ValueError):
 
 
 def merge(defaults, pillar):
-    """Pillar over defaults: dicts merge recursively, everything else replaces."""
+    """Pillar over defaults: dicts merge recursively, everything else replaces. A key (``key``,
+    a volume's ``key``) of another source than the default's replaces it whole: the default key
+    file's ``path`` means nothing to a Tang or a pillar key."""
     result = copy.deepcopy(defaults)
     for key, value in (pillar or {}).items():
-        if isinstance(value, dict) and isinstance(result.get(key), dict):
+        if (
+            isinstance(value, dict)
+            and isinstance(result.get(key), dict)
+            and not _other_source(key, result[key], value)
+        ):
             result[key] = merge(result[key], value)
         else:
             result[key] = copy.deepcopy(value)
     return result
+
+
+def _other_source(name, default, value):
+    return name == "key" and value.get("source", default.get("source")) != default.get("source")
 
 
 def keypath(*parts):
@@ -158,6 +169,37 @@ def _schema_message(error):
     if kind == "uniqueItems":
         return [f"{where}: items must be unique"]
     return [f"{where}: invalid ({kind})"]
+
+
+# A newline or tab inside a name, a path or an option splits the crypttab or fstab line Salt writes
+# it into (and Python's ``$``, unlike ECMA-262's, matches before a final newline, so the
+# schema's ``^...$`` patterns let ``"hana_data\n"`` through).
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def control_character_errors(value, path=()):
+    """Every string of the pillar, keys included, free of control characters."""
+    errors = []
+    if isinstance(value, dict):
+        for key, sub in value.items():
+            where = (*path, key)
+            if isinstance(key, str) and CONTROL.search(key):
+                errors.append(
+                    f"{keypath(*path)}: the name {_show(key, keypath(*where))} holds a control character "
+                    "(a newline, a tab ...); names are written into crypttab and fstab lines"
+                )
+                continue
+            errors += control_character_errors(sub, where)
+    elif isinstance(value, list):
+        for index, sub in enumerate(value):
+            errors += control_character_errors(sub, (*path, index))
+    elif isinstance(value, str) and CONTROL.search(value):
+        where = keypath(*path)
+        errors.append(
+            f"{where}: must not hold a control character (a newline, a tab ...): it would split the "
+            f"crypttab or fstab line it is written into; got {_show(value, where)}"
+        )
+    return errors
 
 
 def schema_errors(config, schema):
@@ -376,13 +418,50 @@ def semantic_errors(config, fixable=None):
             continue
         if posixpath.normpath(path) != path:
             errors.append(f"{keypath(*origin)}: must be a normalised path; got {path!r}")
+        if _is_under(path, PILLAR_KEY_DIR):
+            errors.append(
+                f"{keypath(*origin)}: {path} lies in {PILLAR_KEY_DIR}, where the formula keeps pillar keys "
+                "on a ramfs of its own: put the key store's key files elsewhere"
+            )
         for name, mountpoint in mountpoints.items():
             if path == mountpoint or _is_under(path, mountpoint):
                 errors.append(
                     f"{keypath(*origin)}: {path} lies inside the HANA mountpoint {mountpoint} "
                     f"(volume {name!r}); a key must never sit on the device it unlocks"
                 )
+    errors += _header_backup_errors(config, mountpoints)
     return errors
+
+
+# Where a header backup is gone at the next boot, when it is needed most.
+VOLATILE_PATHS = ("/run", "/tmp", "/dev", "/proc", "/sys", "/var/run")
+VOLATILE_FSTYPES = frozenset({"tmpfs", "ramfs", "devtmpfs", "proc", "sysfs"})
+
+
+def _header_backup_errors(config, mountpoints, real=None, fstype=None):
+    """A header backup must outlive the device it backs up: not on a HANA volume (the very device,
+    or its neighbour in the same stack) and not on a file system the next boot empties.
+    ``real``/``fstype``: where the directory really leads on the host (host checks)."""
+    directory = (config.get("header_backup") or {}).get("directory")
+    if not directory:
+        return []
+    where = keypath("header_backup", "directory")
+    errors = []
+    for path in {posixpath.normpath(directory), real} - {None}:
+        for name, mountpoint in sorted(mountpoints.items()):
+            if path == mountpoint or _is_under(path, mountpoint):
+                errors.append(
+                    f"{where}: {directory} lies inside the HANA mountpoint {mountpoint} (volume {name!r}): "
+                    "a backup on the device it backs up is lost with it; keep it on the root file system "
+                    "and copy it off the host"
+                )
+        if any(path == v or _is_under(path, v) for v in VOLATILE_PATHS) or fstype in VOLATILE_FSTYPES:
+            errors.append(
+                f"{where}: {directory} is gone at the next boot ({fstype or 'a RAM file system'}): keep "
+                "header backups on a persistent file system, e.g. /var/lib/hana-storage/luks-headers"
+            )
+            break
+    return sorted(set(errors))
 
 
 def _options_errors(settings, where):
@@ -409,7 +488,8 @@ def host_errors(config, facts):
     """Checks against facts gathered on the minion.
 
     ``facts`` = {"devices": {path: {"exists": bool, "block": bool, "realpath": str}},
-                 "system_devices": [realpaths of disks/partitions holding /, /boot, /usr, /var, swap]}
+                 "system_devices": [realpaths of disks/partitions holding /, /boot, /usr, /var, swap],
+                 "paths": {directory: {"realpath": where it leads, "fstype": of the file system there}}}
     """
     errors = []
     system = set(facts.get("system_devices", []))
@@ -431,12 +511,17 @@ def host_errors(config, facts):
             if real in realpaths and realpaths[real][0] != where:
                 errors.append(f"{where}: {device} is the same disk as {realpaths[real][1]} ({real})")
             realpaths.setdefault(real, (where, device))
+    directory = (config.get("header_backup") or {}).get("directory")
+    fact = facts.get("paths", {}).get(directory) if directory else None
+    if fact:
+        mountpoints = {name: volume["mountpoint"] for name, volume in config["volumes"].items()}
+        errors += _header_backup_errors(config, mountpoints, fact.get("realpath"), fact.get("fstype"))
     return errors
 
 
 def validate(config, schema, facts=None, fixable=None):
     """All errors for a merged config: schema first; semantic and host checks only on a sound shape."""
-    errors = schema_errors(config, schema)
+    errors = sorted(set(control_character_errors(config) + schema_errors(config, schema)))
     if errors:
         return errors
     errors = semantic_errors(config, fixable)
@@ -461,14 +546,23 @@ def _names(name, volume, encryption):
 
 def key_file(key, volume_name=None, previous=False):
     """Where the key of a volume lives on the minion (a Tang volume's: its recovery key);
-    ``previous``: where the key being rotated away lives."""
+    ``previous``: where the key being rotated away lives. A pillar key's file is named after
+    its owner: ``hana`` for the default key, ``volume-<name>`` for a volume's own (no volume
+    name has a hyphen, so none can take the default key's file)."""
     if key["source"] == "tang":
         return key_file(key["recovery"], volume_name, previous)
-    if previous:
-        return key_file(key["previous"], f"{volume_name or 'hana'}.previous")
-    if key["source"] == "pillar":
-        return posixpath.join(PILLAR_KEY_DIR, f"{volume_name or 'hana'}.key")
-    return key["path"]
+    secret = key["previous"] if previous else key
+    if secret["source"] == "pillar":
+        return posixpath.join(
+            PILLAR_KEY_DIR, key_owner(volume_name) + (".previous.key" if previous else ".key")
+        )
+    return secret["path"]
+
+
+def key_owner(volume_name=None):
+    """The name a key goes by in key files and state IDs: ``hana`` (the default key, named
+    ``default`` in state IDs) or ``volume-<name>``."""
+    return f"volume-{volume_name}" if volume_name else "hana"
 
 
 # What each key source puts in crypttab's key field and options: a key file unlocks at boot; a
@@ -485,7 +579,7 @@ def _volume_key(name, raw, config):
     where = ("volumes", name, "key") if own else ("key",)
     secret, secret_at = (key["recovery"], (*where, "recovery")) if key["source"] == "tang" else (key, where)
     planned = {
-        "id": name if own else "default",  # one key state per distinct key
+        "id": key_owner(name) if own else "default",  # one key state per distinct key
         "source": key["source"],
         "file": key_file(key, name if own else None),
         "store": secret["source"],  # where the key file comes from: a key store or the pillar

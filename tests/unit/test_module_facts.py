@@ -195,3 +195,19 @@ def test_a_failed_lvm_report_is_never_reused(lvm_module, monkeypatch):
     assert lvm_module._lvm_segments(devices, reuse=True) == {"error": "x"}
     assert lvm_module._lvm_segments(devices, reuse=True) == {"error": "x"}
     assert len(lvm_module.reads) == 2
+
+
+def test_a_directory_is_judged_by_where_it_leads(module, monkeypatch, tmp_path):
+    """A header backup directory named on the root file system but linked onto a HANA volume (or a
+    RAM disk) is where its link leads: path_facts resolves what exists and keeps the rest."""
+    volume = tmp_path / "hana" / "shared"
+    volume.mkdir(parents=True)
+    (tmp_path / "var").mkdir()
+    (tmp_path / "var" / "headers").symlink_to(volume)
+    mounts = [
+        {"mountpoint": "/", "fstype": "ext4"},
+        {"mountpoint": str(volume), "fstype": "xfs"},
+    ]
+    monkeypatch.setattr(module, "_mounts", lambda: mounts)
+    asked = str(tmp_path / "var" / "headers" / "luks")
+    assert module.path_facts([asked, "relative"]) == {asked: {"realpath": f"{volume}/luks", "fstype": "xfs"}}

@@ -3,6 +3,7 @@
 import base64
 import copy
 import json
+import re
 
 import hana_storage_pillar as hp
 import hana_storage_rules as rules
@@ -568,3 +569,225 @@ def test_default_names_are_the_same_for_validation_and_the_plan():
     plan = hp.normalize(hp.merge(DEFAULTS, GOOD))
     for name, volume in plan["volumes"].items():
         assert {k: volume[k] for k in ("vg", "lv", "crypt_name")} == hp.default_names(name)
+
+
+# ---- issue 29: strings that split a line, keys that collide, backups in the wrong place ---------
+
+
+@pytest.mark.parametrize(
+    "path,value,where",
+    [
+        ("volumes:data:mountpoint", "/hana/data\n", "hana:storage:volumes:data:mountpoint"),
+        ("volumes:data:crypt_name", "hana_data\n", "hana:storage:volumes:data:crypt_name"),
+        ("volumes:data:vg", "vg_data\n", "hana:storage:volumes:data:vg"),
+        ("volumes:data:mount_options", ["noatime\n"], "hana:storage:volumes:data:mount_options:0"),
+        ("volumes:data:devices:0", "/dev/vda\n", "hana:storage:volumes:data:devices:0"),
+        ("volumes:data:mountpoint", "/hana/da\tta", "hana:storage:volumes:data:mountpoint"),
+        ("key:material", KEY + "\n", "hana:storage:key:material"),
+    ],
+)
+def test_a_control_character_in_any_pillar_string_is_refused(path, value, where):
+    """Python's ``$`` matches before a final newline: every ``^...$`` pattern of the schema lets
+    ``"hana_data\\n"`` through, and crypttab or fstab then gets a line split in two."""
+    errors = errors_of(mutate(path, value))
+    assert any(e.startswith(where + ":") and "control character" in e for e in errors), errors
+    assert all(KEY not in e for e in errors)
+
+
+def test_a_control_character_in_a_volume_name_is_refused():
+    pillar = copy.deepcopy(GOOD)
+    pillar["volumes"]["data\n"] = pillar["volumes"].pop("data")
+    errors = errors_of(pillar)
+    assert any("control character" in e for e in errors), errors
+
+
+def test_no_volume_name_makes_two_keys_share_a_file():
+    """A volume named ``hana`` with its own pillar key and the default pillar key both mapped to
+    /run/hana-storage/keys/hana.key; a volume named ``default`` took the default key's id."""
+    own = {"source": "pillar", "material": base64.b64encode(b"h" * 32).decode()}
+    pillar = copy.deepcopy(GOOD)
+    pillar["volumes"]["hana"] = {"mountpoint": "/hana/x", "devices": ["/dev/vdh"], "key": own}
+    pillar["volumes"]["default"] = {"mountpoint": "/hana/y", "devices": ["/dev/vdi"], "key": dict(own)}
+    assert errors_of(pillar) == []
+    plan = hp.normalize(hp.merge(DEFAULTS, pillar))
+    keys = {name: volume["key"] for name, volume in plan["volumes"].items()}
+    by_id = {}
+    for key in keys.values():
+        by_id.setdefault(key["id"], set()).add(key["file"])
+    assert all(len(files) == 1 for files in by_id.values()), by_id  # one id, one file
+    files = {key["id"]: key["file"] for key in keys.values()}
+    assert len(set(files.values())) == len(files), files  # one file, one id
+    assert keys["data"]["file"] == "/run/hana-storage/keys/hana.key"  # the default key's is unchanged
+
+
+def test_a_key_file_under_the_pillar_keys_ramfs_is_refused():
+    pillar = dict(GOOD, key={"source": "keyfile", "path": "/run/hana-storage/keys/hana.key"})
+    errors = errors_of(pillar)
+    assert any(e.startswith("hana:storage:key:path:") and "/run/hana-storage/keys" in e for e in errors), (
+        errors
+    )
+
+
+@pytest.mark.parametrize(
+    "directory,words",
+    [
+        ("/hana/shared/luks-headers", "inside the HANA mountpoint /hana/shared"),
+        ("/hana/data", "inside the HANA mountpoint /hana/data"),
+        ("/run/hana-storage/keys/headers", "gone at the next boot"),
+        ("/tmp/headers", "gone at the next boot"),
+        ("/dev/shm/headers", "gone at the next boot"),
+    ],
+)
+def test_header_backups_are_refused_where_they_cannot_help(directory, words):
+    errors = errors_of(dict(GOOD, header_backup={"directory": directory}))
+    assert any(e.startswith("hana:storage:header_backup:directory:") and words in e for e in errors), errors
+
+
+@pytest.mark.parametrize(
+    "fact,words",
+    [
+        ({"realpath": "/hana/shared/x", "fstype": "xfs"}, "inside the HANA mountpoint /hana/shared"),
+        ({"realpath": "/var/lib/hana-storage/luks-headers", "fstype": "tmpfs"}, "gone at the next boot"),
+        ({"realpath": "/var/lib/hana-storage/luks-headers", "fstype": "ramfs"}, "gone at the next boot"),
+    ],
+)
+def test_a_header_backup_directory_that_leads_onto_a_volume_or_a_ram_disk_is_refused(fact, words):
+    facts = copy.deepcopy(HOST)
+    facts["paths"] = {"/var/lib/hana-storage/luks-headers": fact}
+    pillar = dict(GOOD, header_backup={"directory": "/var/lib/hana-storage/luks-headers"})
+    errors = errors_of(pillar, facts)
+    assert any(e.startswith("hana:storage:header_backup:directory:") and words in e for e in errors), errors
+
+
+def test_a_key_of_another_source_takes_nothing_from_the_default_key():
+    """defaults.yaml's key (a key file's path) must not be merged under a pillar's Tang key."""
+    tang = {
+        "source": "tang",
+        "servers": [
+            {
+                "url": "http://tang1.example.com:7500",
+                "thumbprint": "mRKTopaNeBJf2hKS6_dNjFZL5e6FDpmLP9Aee-A8Fpo",
+            }
+        ],
+        "threshold": 1,
+        "recovery": {"source": "pillar", "material": KEY},
+    }
+    assert errors_of(dict(GOOD, key=tang)) == []
+    assert errors_of(dict(GOOD, key={"source": "pillar", "material": KEY})) == []
+    # the same source still merges: a path alone is the default key file's source
+    assert errors_of(dict(GOOD, key={"path": "/etc/keys/other.key"})) == []
+
+
+def _example_lines():
+    return (REPO / "pillar.example").read_text().splitlines()
+
+
+PLACEHOLDER = re.compile(r"<[^>]+>")
+
+
+def _documented_forms():
+    """Every commented-out setting of pillar.example, each as (line number, the example's lines
+    with that setting uncommented): a ``# name: value`` line, or a ``# name:`` line with the
+    deeper commented lines below it, at the indentation of a mapping it belongs to. Placeholders
+    (``<base64 ...>``) become real values."""
+    lines = _example_lines()
+    forms = []
+    start = lines.index("hana:")
+    for index, line in enumerate(lines):
+        match = None if index < start else re.match(r"^(\s*)# ([a-z_]+):( .*)?$", line)
+        if not match:
+            continue
+        indent = match.group(1)
+        block = [index]
+        if not (match.group(3) or "").strip() or (match.group(3) or "").strip().startswith("#"):
+            for follow in range(index + 1, len(lines)):
+                if re.match(rf"^{indent}#   ", lines[follow]) or re.match(rf"^{indent}#\s*- ", lines[follow]):
+                    block.append(follow)
+                else:
+                    break
+        edited = list(lines)
+        for number in block:
+            text = (
+                lines[number].replace(f"{indent}# ", indent, 1)
+                if number == index
+                else lines[number].replace(f"{indent}#   ", f"{indent}  ", 1)
+            )
+            edited[number] = PLACEHOLDER.sub(KEY, text)
+        forms.append((index + 1, edited))
+    return forms
+
+
+def _replace_mapping(lines, number):
+    """The example with the uncommented setting at line ``number`` (1-based) replacing a sibling of
+    the same name that is set already (``key:`` over the active ``key:``)."""
+    line = lines[number - 1]
+    indent = len(line) - len(line.lstrip())
+    name = line.strip().split(":", 1)[0]
+    start = number - 1
+    # find the block's parent start: walk up to a line with a smaller indentation
+    parent = start
+    while parent > 0 and (
+        not lines[parent - 1].strip()
+        or lines[parent - 1].lstrip().startswith("#")
+        or len(lines[parent - 1]) - len(lines[parent - 1].lstrip()) >= indent
+    ):
+        parent -= 1
+    for other in range(parent, len(lines)):
+        text = lines[other]
+        if other == start or not text.strip() or text.lstrip().startswith("#"):
+            continue
+        depth = len(text) - len(text.lstrip())
+        if other > start and depth < indent:
+            break
+        if depth == indent and text.strip().split(":", 1)[0] == name:
+            end = other + 1
+            while end < len(lines) and (
+                not lines[end].strip()
+                or lines[end].lstrip().startswith("#")
+                or len(lines[end]) - len(lines[end].lstrip()) > indent
+            ):
+                end += 1
+            return lines[:other] + ["#"] * (end - other) + lines[end:]
+    return lines
+
+
+def test_every_form_pillar_example_documents_validates_as_written():
+    forms = _documented_forms()
+    assert len(forms) >= 10, forms  # the key sources, the rotation, the PBKDF knobs, names ...
+    failures = {}
+    for number, lines in forms:
+        lines = _replace_mapping(lines, number)
+        try:
+            pillar = yaml.safe_load("\n".join(lines))["hana"]["storage"]
+        except yaml.YAMLError as error:
+            failures[number] = f"not YAML once uncommented: {error}"
+            continue
+        errors = errors_of(pillar)
+        if errors:
+            failures[number] = errors
+    assert failures == {}, failures
+
+
+def _schema_keys(schema, prefix=()):
+    """Every property path of the schema (volumes' entries as ``volumes:<name>``)."""
+    found = set()
+    node = schema
+    while "$ref" in node:
+        node = SCHEMA
+        for part in schema["$ref"].lstrip("#/").split("/"):
+            node = node[part]
+        schema = node
+    for name, sub in node.get("properties", {}).items():
+        found.add((*prefix, name))
+        found |= _schema_keys(sub, (*prefix, name))
+    extra = node.get("additionalProperties")
+    if isinstance(extra, dict) and "$ref" in extra:
+        found |= _schema_keys(extra, (*prefix, "*"))
+    return found
+
+
+def test_pillar_example_names_every_key_of_the_schema():
+    text = (REPO / "pillar.example").read_text()
+    words = set(re.findall(r"\b([a-z_]+):", text))
+    missing = sorted({":".join(path) for path in _schema_keys(SCHEMA) if path[-1] not in words})
+    assert missing == [], f"pillar.example does not mention: {missing}"
