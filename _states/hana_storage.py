@@ -97,7 +97,7 @@ def pillar_valid(name):
 # ---- keys ------------------------------------------------------------------------------------
 
 
-def key_present(name, source, pillar=None):
+def key_present(name, source, pillar_path=None):
     """
     The key file ``name`` is in place, root-only.
 
@@ -105,16 +105,18 @@ def key_present(name, source, pillar=None):
         ``keyfile``: the file must already be there (put by the key store); its mode and owner
         are corrected to 0400 root, through a descriptor (a symlink is never followed), and a
         key whose real path runs through a directory others can write is refused.
-        ``pillar``: the base64 material at the pillar path ``pillar`` is written to ``name`` on
+        ``pillar``: the base64 material at the pillar path ``pillar_path`` is written to ``name`` on
         a ramfs mounted (mode 0700) on its directory: ramfs pages never go to swap, and nothing
         reaches a persistent disk.
     """
     ret = _ret(name)
     if source == "keyfile":
         return _keyfile_mode(ret, name)
-    key = _pillar_key(pillar) or b""
+    key = _pillar_key(pillar_path) or b""
     if not key:
-        return _done(ret, f"no usable key material at pillar {pillar} (the value is not shown)", result=False)
+        return _done(
+            ret, f"no usable key material at pillar {pillar_path} (the value is not shown)", result=False
+        )
     directory = os.path.dirname(name)
     if os.path.islink(name) or os.path.islink(directory):
         return _done(
@@ -129,7 +131,7 @@ def key_present(name, source, pillar=None):
         return _done(ret, f"key file {name} is in place (ramfs, 0400 root)")
     if __opts__["test"]:
         where = "" if on_ramfs else f"mount a ramfs (mode 0700) on {directory} and "
-        return _would(ret, f"would {where}write the key from pillar {pillar} to {name} (0400 root)")
+        return _would(ret, f"would {where}write the key from pillar {pillar_path} to {name} (0400 root)")
     if not on_ramfs and not _mount_key_ramfs(ret, directory, name):
         return ret
     temporary = f"{name}.new"
@@ -142,7 +144,7 @@ def key_present(name, source, pillar=None):
         os.close(fd)
     os.rename(temporary, name)
     ret["changes"]["key_file"] = f"written ({len(key)} bytes, mode 0400, {KEY_FSTYPE})"
-    return _done(ret, f"wrote the key from pillar {pillar} to {name}")
+    return _done(ret, f"wrote the key from pillar {pillar_path} to {name}")
 
 
 KEY_FSTYPE = "ramfs"  # tmpfs pages can be swapped out; ramfs pages never are

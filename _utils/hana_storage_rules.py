@@ -82,7 +82,7 @@ HEADER_BACKUP = Fix(
 KEY_FILE = Fix(
     "hana_storage.key_present",
     "key",
-    {"name": "volume.key.file", "source": "volume.key.store", "pillar": "volume.key.pillar"},
+    {"name": "volume.key.file", "source": "volume.key.store", "pillar_path": "volume.key.pillar"},
 )
 
 RULES = {

@@ -911,13 +911,35 @@ def module(monkeypatch):
     monkeypatch.setattr(module, "_util", lambda name: utils[name])
     monkeypatch.setattr(module, "_plan", lambda pillar=None: remediation_plan(module.policy))
 
-    def single(fun, queue, **kwargs):
-        module.fixes.append((fun, kwargs))
+    def single(fun, name, test=None, queue=None, **kwargs):
+        """As Salt's state.single takes its arguments: ``pillar`` (and the others of
+        STATE_SINGLE_OWN) are its own, never the state's."""
+        taken = sorted(set(kwargs) & STATE_SINGLE_OWN)
+        if taken:
+            return f"state.single took {taken} as its own arguments"  # what Salt's error amounts to
+        module.fixes.append((fun, {"name": name, **kwargs}))
         module.fixed_since_audit = True
         return {"x": {"result": True, "changes": {"mode": "0400"}, "comment": "fixed"}}
 
     module.__salt__ = {"state.single": single, "hana_storage_host.facts": lambda plan: {}}
     return module
+
+
+# The keyword arguments Salt's state.single keeps for itself (salt/modules/state.py: the pillar
+# override, the environments and options get_sls_opts reads, and the low chunk's own keys):
+# a state argument of one of these names never reaches the state.
+STATE_SINGLE_OWN = frozenset(
+    {"pillar", "pillar_enc", "saltenv", "pillarenv", "localconfig", "test", "queue", "concurrent"}
+    | {"state", "fun", "__id__", "__pub_jid"}
+)
+
+
+def test_no_fix_of_the_rule_table_passes_an_argument_state_single_keeps_for_itself():
+    """Regression (issue 29, item 14): the HANA-KEY-001 fix handed key_present its ``pillar``
+    argument through state.single, whose own ``pillar`` is a pillar override: every remediation
+    failed with "Pillar data must be formatted as a dictionary"."""
+    taken = {rule: sorted(set(r.fix.args) & STATE_SINGLE_OWN) for rule, r in rules.RULES.items() if r.fix}
+    assert {rule: names for rule, names in taken.items() if names} == {}
 
 
 def test_remediate_is_true_only_when_nothing_asked_for_is_left(module):
@@ -968,7 +990,7 @@ def test_remediate_calls_the_state_the_rule_table_names_with_the_plans_arguments
                 "flags": pillar.crypt_flags({"perf": {"no_read_workqueue": True}}),
             },
         ),
-        ("hana_storage.key_present", {"name": KEY_FILE, "source": "keyfile", "pillar": None}),
+        ("hana_storage.key_present", {"name": KEY_FILE, "source": "keyfile", "pillar_path": None}),
     ]
 
 

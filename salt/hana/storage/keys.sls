@@ -15,7 +15,7 @@ hana-storage-key-{{ id }}:
   hana_storage.key_present:
     - name: {{ key.file }}
     - source: {{ key.store }}
-    - pillar: {{ key.pillar }}
+    - pillar_path: {{ key.pillar }}
     - require:
       - hana_storage: hana-storage-pillar-valid
 {%-     if key.previous %}
@@ -24,7 +24,7 @@ hana-storage-key-{{ id }}-previous:
   hana_storage.key_present:
     - name: {{ key.previous.file }}
     - source: {{ key.previous.store }}
-    - pillar: {{ key.previous.pillar }}
+    - pillar_path: {{ key.previous.pillar }}
     - require:
       - hana_storage: hana-storage-pillar-valid
 {%-     endif %}
