@@ -384,6 +384,7 @@ def facts(plan, reuse_lvm=False):
         "stacks": stacks,
         "mounts": mounts,
         "headers": headers,
+        "previous_keys": _previous_key_facts(plan, devices, headers),
         "superblocks": superblocks,
         "lvm": _lvm_segments(devices, reuse=reuse_lvm),
         "crypttab": _parsed_file("/etc/crypttab", "tab.parse_crypttab"),
@@ -394,6 +395,42 @@ def facts(plan, reuse_lvm=False):
         "crypto_drivers": _crypto_drivers(devices),
         "disks": {n: sorted(_kernel_name(d) for d in v["devices"]) for n, v in plan["volumes"].items()},
     }
+
+
+PREVIOUS_KEYS = "hana_storage_host.previous_keys"  # __context__: {(device, fingerprint, key file): fact}
+
+
+def _previous_key_facts(plan, devices, headers):
+    """{backing device name: {"keyslots", "error"}}: the keyslots each rotation's previous key
+    opens, on the devices of the volumes whose pillar names one. Each keyslot is tried on a copy
+    of the header (a KDF run each, see key_slots), once per header and key file: the answer is
+    kept in __context__ while neither changes."""
+    wanted = {}
+    for volume in plan["volumes"].values():
+        previous = volume["key"].get("previous")
+        if not previous:
+            continue
+        crypt_names = {c["name"] for c in volume["crypt"]}
+        for device in devices.values():
+            if device["kind"] == "crypt" and device["dm_name"] in crypt_names:
+                backing = _util("stack.backing_device")(device)
+                if backing in headers and "error" not in headers[backing]:
+                    wanted[backing] = previous["file"]
+    kept = __context__.setdefault(PREVIOUS_KEYS, {})
+    facts = {}
+    for backing, key_file in wanted.items():
+        try:
+            info = os.stat(key_file)
+        except OSError as error:
+            facts[backing] = {"keyslots": [], "error": f"{key_file}: {error.strerror}"}
+            continue
+        ident = (backing, headers[backing].get("fingerprint"), key_file, info.st_ino, info.st_mtime_ns)
+        if ident not in kept:
+            if len(kept) > 256:  # headers that changed since: forget them all now and then
+                kept.clear()
+            kept[ident] = key_slots(f"/dev/{backing}", key_file)
+        facts[backing] = kept[ident]
+    return facts
 
 
 def _crypto_drivers(devices):

@@ -121,6 +121,9 @@ RULES = {
     ),
     "HANA-KEY-005": Rule("high", "a keyslot opens the volume that the pillar does not account for"),
     "HANA-KEY-006": Rule("medium", "no current, root-only LUKS header backup", HEADER_BACKUP),
+    "HANA-KEY-008": Rule(
+        "medium", "the pillar still names a previous key that opens no keyslot (rotation ended)"
+    ),
 }
 
 
@@ -459,7 +462,7 @@ class VolumeAudit:
             )
         if header:
             self._kdf_rules(path, header)
-            self._keyslot_rules(path, header)
+            self._keyslot_rules(path, header, backing)
             self._header_backup_rules(path, device["dm_name"], header)
         if segment["sector_size"] != luks["sector_size"]:
             self.add(
@@ -510,35 +513,43 @@ class VolumeAudit:
                 "cryptsetup luksConvertKey --pbkdf argon2id",
             )
 
-    def _keyslot_rules(self, path, header):
+    def _keyslot_rules(self, path, header, backing):
         """Every keyslot that opens the device is one the pillar accounts for: per volume key, one
         for the volume's key (the key file, the pillar key or a Tang volume's recovery key; a
-        re-encryption has two volume keys, each with a copy; a key rotation, the previous key's
-        too), and those of the Clevis bindings to
-        the pillar's Tang servers. Another passphrase, or an enrolment by hand (a TPM2 or FIDO2
-        token, a Clevis binding on a volume that names no Tang), opens the volume without the key
-        store: a back door. A Tang volume's binding to other servers is HANA-KEY-003's.
+        re-encryption has two volume keys, each with a copy), the keyslots the previous key of a
+        rotation still opens (``facts["previous_keys"]``: tried on a copy of the header), and
+        those of the Clevis bindings to the pillar's Tang servers. Another passphrase, or an
+        enrolment by hand (a TPM2 or FIDO2 token, a Clevis binding on a volume that names no
+        Tang), opens the volume without the key store: a back door. A Tang volume's binding to
+        other servers is HANA-KEY-003's.
 
         Which passphrase keyslot is the key's the audit cannot tell without unlocking with the key
-        (seconds of KDF per device, on every audit), so it names them all."""
+        (seconds of KDF per device, on every audit), so it names them all. The previous key is
+        tried (once per header change) only while the pillar names one: once it opens nothing
+        the rotation has ended, and a ``previous`` left in the pillar is HANA-KEY-008."""
         tokens = header.get("tokens", [])
         accounted = self._pillar_clevis_keyslots(header)
         if self.volume["key"]["source"] == "tang":
             accounted |= {str(slot) for t in tokens if t["type"] == "clevis" for slot in t["keyslots"]}
+        previous = self._previous_key_rules(path, backing)
+        accounted |= {str(slot) for slot in previous.get("keyslots", [])}
         token_of = {str(slot): t["type"] for t in tokens for slot in t["keyslots"]}
         by_volume_key = {}
         for slot in header["keyslots"]:
             if slot.get("volume_key") is not None and str(slot["id"]) not in accounted:
                 by_volume_key.setdefault(slot["volume_key"], []).append(slot["id"])
-        # while a key is rotated the previous key's keyslot is accounted for too
-        per_key = 2 if self.volume["key"].get("previous") else 1
         opening = [
             f"keyslot {kid}" + (f" (token {token_of[str(kid)]})" if str(kid) in token_of else "")
             for slots in by_volume_key.values()
-            if len(slots) > per_key
+            if len(slots) > 1
             for kid in slots
         ]
         if opening:
+            untried = (
+                f" (the previous key could not be tried: {previous['error']})"
+                if previous.get("error")
+                else ""
+            )
             self.add(
                 "HANA-KEY-005",
                 path,
@@ -546,8 +557,27 @@ class VolumeAudit:
                 opening,
                 f"{path}: keyslots {', '.join(opening)} open it where the pillar accounts for one, its "
                 "key's: find that one (cryptsetup open --test-passphrase --key-slot N with the key), then "
-                "check the others and cryptsetup luksKillSlot what nobody can account for",
+                f"check the others and cryptsetup luksKillSlot what nobody can account for{untried}",
             )
+
+    def _previous_key_rules(self, path, backing):
+        """What the rotation's previous key opens on ``backing`` ({"keyslots", "error"}; {} when the
+        pillar names no previous key), and HANA-KEY-008 once it opens nothing."""
+        previous = self.volume["key"].get("previous")
+        if not previous:
+            return {}
+        fact = self.facts.get("previous_keys", {}).get(backing) or {"keyslots": [], "error": "not tried"}
+        if not fact.get("keyslots") and not fact.get("error"):
+            self.add(
+                "HANA-KEY-008",
+                path,
+                "no previous key in the pillar once the rotation has ended",
+                [],
+                f"{path}: the pillar still names the previous key {previous['file']}, which opens no keyslot "
+                "any more: the rotation has ended; drop key:previous from the pillar and the old key from "
+                "the key store",
+            )
+        return fact
 
     def _header_backup_rules(self, path, crypt_name, header):
         """The LUKS header is the only copy of the volume key behind the keyslots: with

@@ -350,6 +350,7 @@ def test_while_a_key_is_rotated_the_previous_keys_keyslot_is_accounted_for(make_
     def unaccounted(pillar):
         summary = luks.parse_header(luks.reader_for(image.read_bytes()))
         facts["headers"]["dm-0"] = dict(facts["headers"]["dm-0"], keyslots=summary["keyslots"])
+        facts["previous_keys"] = {"dm-0": {"keyslots": keyslots_opened_by(image, keyfile), "error": None}}
         report = rules.audit(plan_of(pillar), facts)
         return [f["actual"] for f in report["findings"] if f["rule"] == "HANA-KEY-005"]
 
@@ -363,7 +364,68 @@ def test_while_a_key_is_rotated_the_previous_keys_keyslot_is_accounted_for(make_
         ["cryptsetup", "-q", "luksAddKey", *cheap, "--key-file", str(keyfile), str(image), str(other)],
         check=True,
     )
-    assert unaccounted(rotating) == [["keyslot 0", "keyslot 1", "keyslot 2"]]
+    # the previous key's keyslot 0 is accounted for: the new key's and the third one are in question
+    assert unaccounted(rotating) == [["keyslot 1", "keyslot 2"]]
+
+
+def keyslots_opened_by(image, key):
+    """The keyslots ``key`` opens on a real header (what hana_storage_host.key_slots finds)."""
+    import subprocess
+
+    summary = luks.parse_header(luks.reader_for(image.read_bytes()))
+    return [
+        int(slot["id"])
+        for slot in summary["keyslots"]
+        if subprocess.run(
+            ["cryptsetup", "open", "--test-passphrase", "--key-file", str(key), "--key-slot", str(slot["id"]),
+             str(image)],
+            capture_output=True,
+        ).returncode
+        == 0
+    ]  # fmt: skip
+
+
+def test_a_previous_key_left_in_the_pillar_hides_no_keyslot_once_the_rotation_ended(
+    make_luks, keyfile, tmp_path
+):
+    """Regression (issue 29, item 8): after a finished rotation the audit still allowed two
+    passphrase keyslots while ``previous`` stayed in the pillar, so a rogue passphrase added then
+    went unreported. The previous key's keyslot is accounted for only while the previous key
+    opens one; a previous key that opens none is reported (HANA-KEY-008)."""
+    import subprocess
+
+    image, new, rogue = make_luks(), tmp_path / "new.key", tmp_path / "rogue.key"
+    new.write_bytes(b"n" * 64)
+    rogue.write_bytes(b"r" * 64)
+    rotating = copy.deepcopy(PILLAR)
+    rotating["key"] = {
+        "source": "keyfile",
+        "path": str(new),
+        "previous": {"source": "keyfile", "path": KEY_FILE},
+    }
+    facts = compliant()
+    cheap = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"]
+
+    def findings():
+        summary = luks.parse_header(luks.reader_for(image.read_bytes()))
+        facts["headers"]["dm-0"] = dict(facts["headers"]["dm-0"], keyslots=summary["keyslots"])
+        facts["previous_keys"] = {"dm-0": {"keyslots": keyslots_opened_by(image, keyfile), "error": None}}
+        report = rules.audit(plan_of(rotating), facts)
+        return sorted(
+            (f["rule"], str(f["actual"])) for f in report["findings"] if f["rule"].startswith("HANA-KEY")
+        )
+
+    def cryptsetup(action, key, *args):
+        subprocess.run(
+            ["cryptsetup", "-q", action, *cheap, "--key-file", str(key), str(image), *args], check=True
+        )
+
+    cryptsetup("luksAddKey", keyfile, str(new))  # the rotation's first step: the new key beside the old
+    assert findings() == []
+    subprocess.run(["cryptsetup", "-q", "luksKillSlot", "--key-file", str(new), str(image), "0"], check=True)
+    assert findings() == [("HANA-KEY-008", "[]")]  # retired: the pillar's previous key opens nothing
+    cryptsetup("luksAddKey", new, str(rogue))  # a back door added while previous is still in the pillar
+    assert findings() == [("HANA-KEY-005", "['keyslot 0', 'keyslot 1']"), ("HANA-KEY-008", "[]")]
 
 
 BACKUPS = "/var/lib/hana-storage/luks-headers"
@@ -578,7 +640,7 @@ def test_every_rule_has_a_test():
         "HANA-MOUNT-001",
         "HANA-KEY-002",
     }
-    tested |= {"HANA-KEY-003", "HANA-KEY-004", "HANA-KEY-006"}
+    tested |= {"HANA-KEY-003", "HANA-KEY-004", "HANA-KEY-006", "HANA-KEY-008"}
     assert tested == set(rules.RULES)
 
 

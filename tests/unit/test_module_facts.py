@@ -211,3 +211,35 @@ def test_a_directory_is_judged_by_where_it_leads(module, monkeypatch, tmp_path):
     monkeypatch.setattr(module, "_mounts", lambda: mounts)
     asked = str(tmp_path / "var" / "headers" / "luks")
     assert module.path_facts([asked, "relative"]) == {asked: {"realpath": f"{volume}/luks", "fstype": "xfs"}}
+
+
+def test_the_previous_key_is_tried_once_per_header_and_key_file(module, monkeypatch, tmp_path):
+    """A rotation's previous key is tried (a KDF run per keyslot) only on its volume's devices, and
+    again only when the header or the key file changed."""
+    key = tmp_path / "old.key"
+    key.write_bytes(b"o" * 64)
+    tries = []
+    monkeypatch.setattr(
+        module, "key_slots", lambda device, key_file: tries.append(device) or {"keyslots": [0], "error": None}
+    )
+    module.__utils__ = {"hana_storage_stack.backing_device": lambda device: device["slaves"][0]}
+    module.__context__ = {}
+    plan = {"volumes": {
+        "data": {"key": {"previous": {"file": str(key)}}, "crypt": [{"name": "hana_data"}]},
+        "log": {"key": {"previous": None}, "crypt": [{"name": "hana_log"}]},
+    }}  # fmt: skip
+    devices = {
+        "dm-1": {"kind": "crypt", "dm_name": "hana_data", "slaves": ["dm-0"]},
+        "dm-3": {"kind": "crypt", "dm_name": "hana_log", "slaves": ["vdc"]},
+    }
+    headers = {"dm-0": {"fingerprint": "a"}, "vdc": {"fingerprint": "b"}}
+    assert module._previous_key_facts(plan, devices, headers) == {"dm-0": {"keyslots": [0], "error": None}}
+    module._previous_key_facts(plan, devices, headers)
+    assert tries == ["/dev/dm-0"]
+    headers["dm-0"] = {"fingerprint": "changed"}
+    module._previous_key_facts(plan, devices, headers)
+    assert tries == ["/dev/dm-0", "/dev/dm-0"]
+    key.unlink()
+    assert module._previous_key_facts(plan, devices, headers)["dm-0"]["error"].endswith(
+        "No such file or directory"
+    )
