@@ -779,8 +779,27 @@ def _same_device(table_device, path):
     return table_device in (f"{os.major(rdev)}:{os.minor(rdev)}", path, os.path.realpath(path))
 
 
+CRYPTTAB, FSTAB = "/etc/crypttab", "/etc/fstab"
+
+
+def _set_tab_entry(path, kind, key, line):
+    """Give ``path`` the entry ``line`` for ``key`` (hana_storage_tab.set_entry), replacing the file
+    whole (hana_storage_files.replace_file): "present", "new" or "change". Nothing is written
+    with test=True or when the entry is there."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except FileNotFoundError:
+        text = ""
+    text, status = _util("tab.set_entry")(text, kind, key, line)
+    if status != "present" and not __opts__["test"]:
+        _util("files.replace_file")(path, text.encode("utf-8"), mode=0o644)
+    return status
+
+
 def crypttab_present(name, device, key_file, options):
-    """/etc/crypttab has ``name UUID=<LUKS UUID of device> key_file options`` (via cryptdev.set_crypttab)."""
+    """/etc/crypttab has ``name UUID=<LUKS UUID of device> key_file options``, the file replaced
+    whole (a kill never leaves it empty)."""
     ret = _ret(name)
     if not os.path.exists(device):
         if __opts__["test"]:
@@ -795,14 +814,10 @@ def crypttab_present(name, device, key_file, options):
             return _would(ret, f"would add {name} to /etc/crypttab once {device} is formatted")
         return _done(ret, f"{device} has no LUKS header: {error}", result=False)
     line = _util("tab.render_crypttab")(name, f"UUID={uuid}", key_file, options)
-    if not os.path.exists("/etc/crypttab"):
-        if __opts__["test"]:
-            return _would(ret, f"would create /etc/crypttab with: {line}")
-        with open("/etc/crypttab", "a", encoding="utf-8"):
-            os.chmod("/etc/crypttab", 0o644)
-    status = __salt__["cryptdev.set_crypttab"](
-        name, f"UUID={uuid}", password=key_file, options=options, test=__opts__["test"], match_on="name"
-    )
+    try:
+        status = _set_tab_entry(CRYPTTAB, "crypttab", name, line)
+    except (OSError, UnicodeDecodeError) as error:
+        return _done(ret, f"cannot update {CRYPTTAB}: {error}", result=False)
     if status == "present":
         return _done(ret, f"/etc/crypttab: {line}")
     verb = {"new": "add", "change": "update"}.get(status, status)
@@ -890,9 +905,10 @@ def mounted(name, device, options, fstab_options):
     superblock = __salt__["hana_storage_host.xfs_superblock"](device)
     spec = f"UUID={superblock['uuid']}"
     line = _util("tab.render_fstab")(spec, name, "xfs", fstab_options)
-    status = __salt__["mount.set_fstab"](
-        name, spec, "xfs", opts=",".join(fstab_options) or "defaults", test=__opts__["test"], match_on="name"
-    )
+    try:
+        status = _set_tab_entry(FSTAB, "fstab", name, line)
+    except (OSError, UnicodeDecodeError) as error:
+        return _done(ret, f"cannot update {FSTAB}: {error}", result=False)
     todo = [] if status == "present" else [f"{'add' if status == 'new' else 'update'} /etc/fstab: {line}"]
     # only what the kernel shows can be compared: nofail, _netdev, x-systemd.* never show
     missing = [

@@ -55,6 +55,43 @@ def render_crypttab(name, device, keyfile, options):
     return f"{escape(name)} {escape(device)} {escape(keyfile or 'none')} {','.join(options) or 'none'}"
 
 
+def set_entry(text, kind, key, line):
+    """(``text`` with the entry of ``key`` being ``line``, status): ``present`` when an entry of
+    ``key`` reads as ``line`` already (spacing aside), ``change`` when one was rewritten, ``new``
+    when ``line`` was appended. ``kind``: ``crypttab`` (``key`` is the mapping's name) or ``fstab``
+    (``key`` is the mount point). Every other line is kept byte for byte, comments and lines that
+    do not parse included; a second entry of ``key`` is dropped, as it could only contradict
+    the first."""
+    parse, field = {"crypttab": (parse_crypttab, "name"), "fstab": (parse_fstab, "file")}[kind]
+    wanted = parse(line)[0]
+    lines, found, same = text.splitlines(keepends=True), False, True
+    result = []
+    for raw in lines:
+        try:
+            entries = parse(raw)
+        except TabError:
+            entries = []  # not an entry: nobody's, kept
+        if not entries or entries[0][field] != key:
+            result.append(raw)
+            continue
+        if found:
+            same = False  # a repeated entry: dropped
+            continue
+        found = True
+        if {k: v for k, v in entries[0].items() if k != "line"} == {
+            k: v for k, v in wanted.items() if k != "line"
+        }:
+            result.append(raw)
+        else:
+            same = False
+            result.append(line + "\n")
+    if not found:
+        if result and not result[-1].endswith("\n"):
+            result[-1] += "\n"
+        return "".join(result) + line + "\n", "new"
+    return "".join(result), "present" if same else "change"
+
+
 def parse_fstab(text):
     """[{spec, file, vfstype, options: [...], freq, passno, line}] from /etc/fstab."""
     entries = []

@@ -3,13 +3,13 @@
 apply branches that otherwise run only in the VM tier."""
 
 import base64
-import builtins
 import importlib.util
 import json
 import os
 from unittest.mock import MagicMock
 
 import hana_storage_commands as commands
+import hana_storage_files as files
 import hana_storage_pillar as pillar
 import hana_storage_rules as rules
 import hana_storage_safety as safety
@@ -25,7 +25,7 @@ spec.loader.exec_module(states)
 
 UTILS = {
     f"hana_storage_{module.__name__.rsplit('_', 1)[-1]}.{name}": getattr(module, name)
-    for module in (commands, pillar, rules, safety, tab)
+    for module in (commands, files, pillar, rules, safety, tab)
     for name in dir(module)
     if not name.startswith("_")
 }
@@ -41,7 +41,6 @@ KEY_PILLAR = "hana:storage:key:material"
 @pytest.fixture
 def salt_functions():
     return {
-        "mount.set_fstab": MagicMock(return_value="present"),
         "mount.remount": MagicMock(return_value=True),
         "mount.mount": MagicMock(return_value=True),
         "hana_storage_host.xfs_superblock": MagicMock(return_value={"uuid": "1234-abcd"}),
@@ -49,7 +48,6 @@ def salt_functions():
         "hana_storage_host.luks_header": MagicMock(return_value={"uuid": "u-1", "flags": [], "tokens": []}),
         "hana_storage_host.dm_tables": MagicMock(return_value={}),
         "hana_storage.validate_pillar": MagicMock(return_value=[]),
-        "cryptdev.set_crypttab": MagicMock(return_value="present"),
         "lvm.lvdisplay": MagicMock(return_value={}),
         "cmd.run_all": MagicMock(return_value={"retcode": 0, "stdout": "", "stderr": ""}),
     }
@@ -94,13 +92,38 @@ def argvs_run(salt_functions):
     return [call.args[0] for call in calls]
 
 
-def assert_nothing_done(salt_functions):
-    """No command ran, nothing was mounted, and crypttab/fstab were at most asked (test=True)."""
+@pytest.fixture(autouse=True)
+def tabs(monkeypatch, tmp_path_factory):
+    """crypttab and fstab of the states under test: files in a directory of their own, as they
+    were at the start (``before``): the states never see the host's."""
+    folder = tmp_path_factory.mktemp("etc")
+
+    class Tabs:
+        crypttab, fstab = folder / "crypttab", folder / "fstab"
+        before = {}
+
+        def set(self, crypttab=None, fstab=None):
+            for path, text in ((self.crypttab, crypttab), (self.fstab, fstab)):
+                if text is not None:
+                    path.write_text(text)
+            self.before = {p: p.read_text() if p.exists() else None for p in (self.crypttab, self.fstab)}
+
+        def unchanged(self):
+            return all((p.read_text() if p.exists() else None) == text for p, text in self.before.items())
+
+    monkeypatch.setattr(states, "CRYPTTAB", str(Tabs.crypttab))
+    monkeypatch.setattr(states, "FSTAB", str(Tabs.fstab))
+    tabs = Tabs()
+    tabs.set()
+    return tabs
+
+
+def assert_nothing_done(salt_functions, tabs=None):
+    """No command ran, nothing was mounted, and crypttab and fstab are as they were."""
     assert argvs_run(salt_functions) == []
     salt_functions["mount.mount"].assert_not_called()
     salt_functions["mount.remount"].assert_not_called()
-    for writer in ("cryptdev.set_crypttab", "mount.set_fstab"):
-        assert all(call.kwargs.get("test") is True for call in salt_functions[writer].call_args_list)
+    assert tabs is None or tabs.unchanged()
 
 
 def fail_commands(salt_functions, stderr="boom"):
@@ -124,8 +147,9 @@ def mounted_at_data(monkeypatch):
 @pytest.mark.parametrize(
     "userspace", [["nofail"], ["_netdev"], ["defaults"], ["x-systemd.device-timeout=30"]]
 )
-def test_mounted_compares_only_what_the_kernel_shows(salt_functions, mounted_at_data, userspace):
+def test_mounted_compares_only_what_the_kernel_shows(salt_functions, mounted_at_data, tabs, userspace):
     options = ["noatime", "nodiratime", "logbsize=256k", *userspace]
+    tabs.set(fstab=f"UUID=1234-abcd /hana/data xfs {','.join(options)} 0 0\n")
     ret = states.mounted("/hana/data", "/dev/mapper/hana_data", options, options)
     assert ret["result"] is True and ret["changes"] == {}, ret
     salt_functions["mount.remount"].assert_not_called()
@@ -1065,75 +1089,81 @@ CRYPTTAB_OPTIONS = ["luks", "no-read-workqueue", "no-write-workqueue"]
 CRYPTTAB_LINE = f"hana_data UUID=u-1 {KEY} luks,no-read-workqueue,no-write-workqueue"
 
 
-@pytest.mark.parametrize("status,verb", [("new", "add"), ("change", "update")])
-def test_crypttab_present_writes_the_entry_by_luks_uuid(salt_functions, monkeypatch, status, verb):
-    fake_paths(monkeypatch, present=[LV, "/etc/crypttab"])
-    salt_functions["cryptdev.set_crypttab"].return_value = status
+@pytest.mark.parametrize(
+    "before,verb,status",
+    [
+        ("", "add", "new"),
+        ("# keep\nhana_data UUID=u-0 /old.key luks\nswap /dev/sda3 /dev/urandom swap\n", "update", "change"),
+    ],
+)
+def test_crypttab_present_writes_the_entry_by_luks_uuid(
+    salt_functions, monkeypatch, tabs, before, verb, status
+):
+    fake_paths(monkeypatch, present=[LV])
+    tabs.set(crypttab=before)
     ret = states.crypttab_present("hana_data", LV, KEY, CRYPTTAB_OPTIONS)
     assert ret["result"] is True and ret["changes"] == {"crypttab": {status: CRYPTTAB_LINE}}
     assert ret["comment"] == f"/etc/crypttab: {verb} {CRYPTTAB_LINE}"
-    salt_functions["cryptdev.set_crypttab"].assert_called_once_with(
-        "hana_data", "UUID=u-1", password=KEY, options=CRYPTTAB_OPTIONS, test=False, match_on="name"
+    lines = tabs.crypttab.read_text().splitlines()
+    assert CRYPTTAB_LINE in lines and all(
+        line in lines for line in before.splitlines() if "hana_data" not in line
     )
     salt_functions["hana_storage_host.luks_header"].assert_called_once_with(LV)
     assert argvs_run(salt_functions) == []
 
 
-def test_crypttab_present_leaves_a_matching_entry_alone(salt_functions, monkeypatch):
-    fake_paths(monkeypatch, present=[LV, "/etc/crypttab"])
+def test_crypttab_present_leaves_a_matching_entry_alone(salt_functions, monkeypatch, tabs):
+    fake_paths(monkeypatch, present=[LV])
+    tabs.set(crypttab=CRYPTTAB_LINE.replace(" ", "\t") + "\n")  # spacing is no difference
     ret = states.crypttab_present("hana_data", LV, KEY, CRYPTTAB_OPTIONS)
     assert (
         ret["result"] is True and ret["changes"] == {} and ret["comment"] == f"/etc/crypttab: {CRYPTTAB_LINE}"
     )
+    assert tabs.unchanged()
 
 
-def test_crypttab_present_creates_a_missing_crypttab_0644(salt_functions, monkeypatch, tmp_path):
-    fake_paths(monkeypatch, present=[LV], absent=["/etc/crypttab"])
-    made, modes = tmp_path / "crypttab", []
-
-    def redirected_open(path, *args, **kwargs):
-        assert path == "/etc/crypttab"
-        return builtins.open(made, *args, **kwargs)
-
-    def recorded_chmod(path, mode):
-        modes.append((path, mode))
-
-    monkeypatch.setattr(states, "open", redirected_open, raising=False)
-    monkeypatch.setattr(states.os, "chmod", recorded_chmod)
-    salt_functions["cryptdev.set_crypttab"].return_value = "new"
+def test_crypttab_present_creates_a_missing_crypttab_0644(salt_functions, monkeypatch, tabs):
+    fake_paths(monkeypatch, present=[LV])
+    assert not tabs.crypttab.exists()
     ret = states.crypttab_present("hana_data", LV, KEY, CRYPTTAB_OPTIONS)
     assert ret["result"] is True and ret["changes"] == {"crypttab": {"new": CRYPTTAB_LINE}}
-    assert made.exists() and modes == [("/etc/crypttab", 0o644)]
+    assert tabs.crypttab.read_text() == CRYPTTAB_LINE + "\n"
+    assert os.stat(tabs.crypttab).st_mode & 0o777 == 0o644
+
+
+def test_crypttab_present_keeps_the_mode_of_a_crypttab_it_replaces(salt_functions, monkeypatch, tabs):
+    fake_paths(monkeypatch, present=[LV])
+    tabs.set(crypttab="")
+    tabs.crypttab.chmod(0o600)  # RHEL's
+    states.crypttab_present("hana_data", LV, KEY, CRYPTTAB_OPTIONS)
+    assert os.stat(tabs.crypttab).st_mode & 0o777 == 0o600
 
 
 @pytest.mark.parametrize("crypttab", [True, False], ids=["crypttab", "no-crypttab"])
-def test_crypttab_present_in_test_mode_only_asks(salt_functions, monkeypatch, dry_run, crypttab):
-    fake_paths(monkeypatch, present=[LV, "/etc/crypttab"] if crypttab else [LV], absent=["/etc/crypttab"])
-    salt_functions["cryptdev.set_crypttab"].return_value = "new"
+def test_crypttab_present_in_test_mode_only_asks(salt_functions, monkeypatch, dry_run, tabs, crypttab):
+    fake_paths(monkeypatch, present=[LV])
+    if crypttab:
+        tabs.set(crypttab="other UUID=x none luks\n")
     ret = states.crypttab_present("hana_data", LV, KEY, CRYPTTAB_OPTIONS)
     assert ret["result"] is None and ret["changes"] == {}
-    assert ret["comment"] == (
-        f"would add /etc/crypttab: {CRYPTTAB_LINE}"
-        if crypttab
-        else f"would create /etc/crypttab with: {CRYPTTAB_LINE}"
-    )
-    assert salt_functions["cryptdev.set_crypttab"].call_count == (1 if crypttab else 0)
-    assert_nothing_done(salt_functions)
+    assert ret["comment"] == f"would add /etc/crypttab: {CRYPTTAB_LINE}"
+    assert_nothing_done(salt_functions, tabs)
 
 
 @pytest.mark.parametrize("test", [True, False], ids=["test", "apply"])
 @pytest.mark.parametrize("missing", ["device", "header"])
-def test_crypttab_present_waits_for_a_formatted_device(salt_functions, monkeypatch, opts, test, missing):
+def test_crypttab_present_waits_for_a_formatted_device(
+    salt_functions, monkeypatch, opts, tabs, test, missing
+):
     opts["test"] = test
     if missing == "device":
-        fake_paths(monkeypatch, absent=[LV], present=["/etc/crypttab"])
+        fake_paths(monkeypatch, absent=[LV])
     else:
-        fake_paths(monkeypatch, present=[LV, "/etc/crypttab"])
+        fake_paths(monkeypatch, present=[LV])
         salt_functions["hana_storage_host.luks_header"].side_effect = CommandExecutionError(f"{LV}: not LUKS")
     ret = states.crypttab_present("hana_data", LV, KEY, CRYPTTAB_OPTIONS)
     assert ret["result"] is (None if test else False) and ret["changes"] == {}
-    salt_functions["cryptdev.set_crypttab"].assert_not_called()
-    assert_nothing_done(salt_functions)
+    assert_nothing_done(salt_functions, tabs)
 
 
 # ---- lv_active -----------------------------------------------------------------------------------
@@ -1282,29 +1312,21 @@ def unmounted(monkeypatch, tmp_path):
     return tmp_path / "hana" / "data"
 
 
-def test_mounted_mounts_and_adds_the_fstab_entry_by_uuid(salt_functions, unmounted):
-    salt_functions["mount.set_fstab"].return_value = "new"
+def test_mounted_mounts_and_adds_the_fstab_entry_by_uuid(salt_functions, unmounted, tabs):
+    tabs.set(fstab="UUID=aa / ext4 defaults 0 1\n")
     name = str(unmounted)
     ret = states.mounted(name, FS, MOUNT_OPTIONS, FSTAB_OPTIONS)
     line = f"UUID=1234-abcd {name} xfs noatime,nodiratime,logbsize=256k,nofail 0 0"
     assert ret["result"] is True
     assert ret["changes"] == {"fstab": {"new": line}, "mounted": {"device": FS, "options": MOUNT_OPTIONS}}
-    salt_functions["mount.set_fstab"].assert_called_once_with(
-        name,
-        "UUID=1234-abcd",
-        "xfs",
-        opts="noatime,nodiratime,logbsize=256k,nofail",
-        test=False,
-        match_on="name",
-    )
+    assert tabs.fstab.read_text() == f"UUID=aa / ext4 defaults 0 1\n{line}\n"
     salt_functions["mount.mount"].assert_called_once_with(
         name, FS, fstype="xfs", opts="noatime,nodiratime,logbsize=256k"
     )
     assert unmounted.is_dir() and argvs_run(salt_functions) == []
 
 
-def test_mounted_in_test_mode_mounts_nothing_and_only_asks_fstab(salt_functions, unmounted, dry_run):
-    salt_functions["mount.set_fstab"].return_value = "new"
+def test_mounted_in_test_mode_mounts_nothing_and_only_asks_fstab(salt_functions, unmounted, dry_run, tabs):
     ret = states.mounted(str(unmounted), FS, MOUNT_OPTIONS, FSTAB_OPTIONS)
     assert ret["result"] is None and ret["changes"] == {}
     assert (
@@ -1312,7 +1334,7 @@ def test_mounted_in_test_mode_mounts_nothing_and_only_asks_fstab(salt_functions,
         and f"; mount {FS} at" in ret["comment"]
     )
     assert not unmounted.exists()
-    assert_nothing_done(salt_functions)
+    assert_nothing_done(salt_functions, tabs)
 
 
 def test_mounted_reports_a_failed_mount(salt_functions, unmounted):
@@ -1322,14 +1344,15 @@ def test_mounted_reports_a_failed_mount(salt_functions, unmounted):
 
 
 @pytest.mark.parametrize("test", [True, False], ids=["test", "apply"])
-def test_mounted_waits_for_a_device_that_does_not_exist(salt_functions, monkeypatch, tmp_path, opts, test):
+def test_mounted_waits_for_a_device_that_does_not_exist(
+    salt_functions, monkeypatch, tmp_path, opts, tabs, test
+):
     opts["test"] = test
     fake_paths(monkeypatch, absent=[FS])
     monkeypatch.setattr(states, "_live_mount", lambda name: None)
     ret = states.mounted(str(tmp_path / "data"), FS, MOUNT_OPTIONS, FSTAB_OPTIONS)
     assert ret["result"] is (None if test else False) and ret["changes"] == {}
-    salt_functions["mount.set_fstab"].assert_not_called()
-    assert_nothing_done(salt_functions)
+    assert_nothing_done(salt_functions, tabs)
 
 
 def test_mounted_refuses_a_mountpoint_held_while_its_device_is_gone(salt_functions, monkeypatch):
@@ -1340,7 +1363,9 @@ def test_mounted_refuses_a_mountpoint_held_while_its_device_is_gone(salt_functio
     assert_nothing_done(salt_functions)
 
 
-def test_mounted_mounts_nothing_where_the_mount_table_is_unreadable(salt_functions, monkeypatch, tmp_path):
+def test_mounted_mounts_nothing_where_the_mount_table_is_unreadable(
+    salt_functions, monkeypatch, tmp_path, tabs
+):
     def unreadable(path):
         raise states.MountTableError(f"cannot tell what is mounted at {path}: /proc/self/mountinfo line 7")
 
@@ -1348,12 +1373,11 @@ def test_mounted_mounts_nothing_where_the_mount_table_is_unreadable(salt_functio
     fake_paths(monkeypatch, present=[FS])
     ret = states.mounted(str(tmp_path / "data"), FS, MOUNT_OPTIONS, FSTAB_OPTIONS)
     assert ret["result"] is False and ret["changes"] == {} and "not mounting anything there" in ret["comment"]
-    salt_functions["mount.set_fstab"].assert_not_called()
-    assert_nothing_done(salt_functions)
+    assert_nothing_done(salt_functions, tabs)
 
 
-def test_mounted_updates_only_fstab_when_the_mount_is_right(salt_functions, mounted_at_data):
-    salt_functions["mount.set_fstab"].return_value = "change"
+def test_mounted_updates_only_fstab_when_the_mount_is_right(salt_functions, mounted_at_data, tabs):
+    tabs.set(fstab="UUID=old /hana/data xfs noatime 0 0\n")
     ret = states.mounted("/hana/data", FS, MOUNT_OPTIONS, FSTAB_OPTIONS)
     line = "UUID=1234-abcd /hana/data xfs noatime,nodiratime,logbsize=256k,nofail 0 0"
     assert ret["result"] is True and ret["changes"] == {"fstab": {"change": line}}
@@ -1362,12 +1386,13 @@ def test_mounted_updates_only_fstab_when_the_mount_is_right(salt_functions, moun
     salt_functions["mount.remount"].assert_not_called()
 
 
-def test_mounted_remount_in_test_mode_changes_nothing(salt_functions, mounted_at_data, dry_run):
+def test_mounted_remount_in_test_mode_changes_nothing(salt_functions, mounted_at_data, dry_run, tabs):
     options = [*MOUNT_OPTIONS, "inode64"]
+    tabs.set(fstab=f"UUID=1234-abcd /hana/data xfs {','.join(options)} 0 0\n")
     ret = states.mounted("/hana/data", FS, options, options)
     assert ret["result"] is None and ret["changes"] == {}
     assert ret["comment"] == "would remount /hana/data with inode64"
-    assert_nothing_done(salt_functions)
+    assert_nothing_done(salt_functions, tabs)
 
 
 # ---- header_backed_up ----------------------------------------------------------------------------
