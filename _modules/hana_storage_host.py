@@ -298,7 +298,8 @@ def _header_backup_facts(plan):
 def header_backup(path):
     """
     What a LUKS header backup file holds, read-only: ``{"exists", "mode", "uid", "uuid",
-    "fingerprint"}``, or ``{"exists", "error"}`` (a symlink is not a backup the formula made).
+    "fingerprint", "keyslots": [{"id", "fingerprint"}], "mtime"}``, or ``{"exists", "error"}`` (a
+    symlink is not a backup the formula made).
     The fingerprint is the one ``luks_header`` gives the live header while they agree.
 
     CLI Example:
@@ -324,6 +325,8 @@ def header_backup(path):
         "uid": info.st_uid,
         "uuid": header["uuid"],
         "fingerprint": header["fingerprint"],
+        "keyslots": [{"id": k["id"], "fingerprint": k["fingerprint"]} for k in header["keyslots"]],
+        "mtime": info.st_mtime,
     }
 
 
@@ -636,28 +639,24 @@ def _key_test(path, header, key_file, keyslot=None):
             None,
             f"LUKS header unreadable or without a data offset ({header.get('error', size)}): key not tried",
         )
-    copy = os.memfd_create("hana-storage-luks-header", os.MFD_CLOEXEC)
     try:
-        with _reader(path) as read:
-            os.write(copy, read(0, size))
-        result = __salt__["cmd.run_all"](
-            [
-                "cryptsetup",
-                "open",
-                "--test-passphrase",
-                "--key-file",
-                key_file,
-                *([] if keyslot is None else ["--key-slot", str(keyslot)]),
-                f"/proc/{os.getpid()}/fd/{copy}",
-            ],
-            python_shell=False,
-            output_loglevel="quiet",
-            ignore_retcode=True,
-        )
+        with _util("files.memory_copy")(path, size) as copy:
+            result = __salt__["cmd.run_all"](
+                [
+                    "cryptsetup",
+                    "open",
+                    "--test-passphrase",
+                    "--key-file",
+                    key_file,
+                    *([] if keyslot is None else ["--key-slot", str(keyslot)]),
+                    copy,
+                ],
+                python_shell=False,
+                output_loglevel="quiet",
+                ignore_retcode=True,
+            )
     except (OSError, CommandExecutionError) as error:
         return None, f"cannot copy the LUKS header of {path}: {error}"
-    finally:
-        os.close(copy)
     code = result["retcode"]
     if code == 0:
         return True, None
@@ -698,6 +697,27 @@ def _keys_test(path, header, key_files):
         if error:
             errors.append(error)
     return (None, "; ".join(errors)) if errors else (False, None)
+
+
+FORMAT_MARKS = "hana_storage/luks-format"  # under the minion's cachedir: one empty file per UUID
+
+
+def format_marker(uuid):
+    """
+    The file that marks a luksFormat this formula began, by the UUID it gives the header
+    (``luksFormat --uuid``): made before luksFormat runs, removed once it has returned. A LUKS
+    header without a keyslot is the formula's unfinished format only while its mark is there;
+    any other is damage (luksErase, an overwritten header), never blank.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' hana_storage_host.format_marker 3f0c7a0e-5c55-4b5e-9d0e-6f1f9b0d2a11
+    """
+    if not isinstance(uuid, str) or not uuid.replace("-", "").isalnum():
+        raise CommandExecutionError(f"not a LUKS UUID: {uuid!r}")
+    return os.path.join(__opts__["cachedir"], FORMAT_MARKS, uuid)
 
 
 def key_slots(device, key_file):
@@ -805,6 +825,8 @@ def probe(devices, key_file=None):
             result["luks"] = {k: header.get(k) for k in ("version", "uuid", "error") if k in header}
             if isinstance(header.get("keyslots"), list):
                 result["luks"]["keyslots"] = len(header["keyslots"])
+            if result["luks"].get("keyslots") == 0 and isinstance(header.get("uuid"), str):
+                result["luks"]["format_began"] = os.path.exists(format_marker(header["uuid"]))
             # an open LUKS device is judged by who holds it, one without a keyslot opens for nobody
             if key_files and not result["holders"] and result["luks"].get("keyslots") != 0:
                 result["key_opens"], result["key_error"] = _keys_test(f"/dev/{name}", header, key_files)

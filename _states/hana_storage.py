@@ -16,7 +16,10 @@ import base64
 import binascii
 import hmac
 import os
+import shutil
 import stat
+import tempfile
+import uuid as uuid_module
 
 import salt.utils.data
 from salt.exceptions import CommandExecutionError
@@ -52,6 +55,43 @@ def _run(argv):
     """Run a command; (ok, stderr). Command lines here never hold key material."""
     result = __salt__["cmd.run_all"](argv, python_shell=False, output_loglevel="quiet", ignore_retcode=True)
     return result["retcode"] == 0, (result["stderr"] or result["stdout"]).strip()[-600:]
+
+
+SCRATCH = "/run/hana-storage/scratch"  # a ramfs: what Clevis copies of a header never reaches a disk
+
+
+def _run_clevis(argv):
+    """Run a Clevis command with a private TMPDIR on a root-only ramfs, removed afterwards.
+
+    ``clevis luks bind`` copies the whole LUKS header into a ``mktemp -d`` and leaves it there
+    when killed: under /tmp that is a header on a disk (with a revoked key's keyslot, during a
+    rotation). A directory a killed run left on the ramfs is removed by the next run; a reboot
+    empties the ramfs."""
+    try:
+        _ramfs(SCRATCH)
+        for stale in os.listdir(SCRATCH):
+            shutil.rmtree(os.path.join(SCRATCH, stale), ignore_errors=True)
+        private = tempfile.mkdtemp(prefix="clevis-", dir=SCRATCH)
+    except (OSError, CommandExecutionError) as error:
+        return False, f"no private scratch directory for Clevis on a ramfs at {SCRATCH}: {error}"
+    try:
+        result = __salt__["cmd.run_all"](
+            argv, python_shell=False, output_loglevel="quiet", ignore_retcode=True, env={"TMPDIR": private}
+        )
+        return result["retcode"] == 0, (result["stderr"] or result["stdout"]).strip()[-600:]
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def _ramfs(directory):
+    """A root-only ramfs is mounted on ``directory``: ramfs pages are never swapped out."""
+    mount = _live_mount(directory)
+    if mount is not None and mount["fstype"] == KEY_FSTYPE:
+        return
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    result = __salt__["mount.mount"](directory, "hana-storage-scratch", fstype=KEY_FSTYPE, opts="mode=0700")
+    if result is not True:
+        raise CommandExecutionError(f"mounting a ramfs on {directory} failed: {result}")
 
 
 def _probe(device, key_file=None):
@@ -378,10 +418,17 @@ def luks_formatted(
     if verdict["verdict"] == "wipe" and not _wipe(ret, name, verdict["reason"]):
         return ret
     offset = _util("commands.luks_data_offset")(stripe_kib, stripes)
-    ok, err = _run(_util("commands.luks_format")(name, key_file, luks, label=label, offset_sectors=offset))
+    # the mark that says this header is the formula's own until its keyslot is there: a luksFormat
+    # killed in between leaves a header no key opens, which the next run may format again
+    uuid = str(uuid_module.uuid4())
+    marker = __salt__["hana_storage_host.format_marker"](uuid)
+    os.makedirs(os.path.dirname(marker), mode=0o700, exist_ok=True)
+    _util("files.replace_file")(marker, name.encode(), mode=0o600)
+    argv = _util("commands.luks_format")(name, key_file, luks, label=label, offset_sectors=offset, uuid=uuid)
+    ok, err = _run(argv)
     if not ok:
         return _done(ret, f"cryptsetup luksFormat {name} failed: {err}", result=False)
-    uuid = __salt__["hana_storage_host.luks_header"](name)["uuid"]
+    os.unlink(marker)
     return _done(
         ret, f"formatted {name}: {what}", formatted={"device": name, "luks_uuid": uuid, "format": what}
     )
@@ -535,7 +582,7 @@ def previous_key_removed(name, key_file, previous_key_file, key_pillar=None, pre
     )
 
 
-def tang_bound(name, key_file, tang, header_backup=None):
+def tang_bound(name, key_file, tang, header_backup=None, previous_key_file=None):
     """
     The LUKS2 device ``name`` is bound by Clevis to exactly the Tang servers of ``tang`` (the
     plan's ``key.tang``: servers with their thumbprints, threshold), in a keyslot of its own; the
@@ -558,6 +605,14 @@ def tang_bound(name, key_file, tang, header_backup=None):
         if __opts__["test"]:
             return _would(ret, f"would bind {name} to {urls} once it is LUKS ({error})")
         return _done(ret, f"{name}: {error}", result=False)
+    if header.get("degraded"):
+        return _done(
+            ret,
+            f"not binding {name}: its LUKS2 header is degraded (HANA-ENC-007), and clevis luks bind "
+            "would rewrite it as it loads it, erasing what shows the damage: back it up and repair it first "
+            "(cryptsetup luksHeaderBackup, then cryptsetup repair). Nothing was changed.",
+            result=False,
+        )
     verdict = _util("rules.tang_binding_verdict")
     tokens = [t for t in header.get("tokens", []) if t["type"] == "clevis"]
     by_verdict = {"matches": [], "stale": [], "foreign": []}
@@ -583,12 +638,12 @@ def tang_bound(name, key_file, tang, header_backup=None):
         return _would(ret, "would " + ", then ".join(steps))
     changes = {}
     if bind:
-        ok, err = _run(_util("commands.clevis_bind")(name, key_file, tang))
+        ok, err = _run_clevis(_util("commands.clevis_bind")(name, key_file, tang))
         if not ok:
             return _done(ret, f"clevis luks bind {name} failed: {err}", result=False)
         changes["bound"] = {"servers": urls, "threshold": tang["threshold"]}
     for slot in stale_slots:
-        ok, err = _run(_util("commands.clevis_unbind")(name, slot))
+        ok, err = _run_clevis(_util("commands.clevis_unbind")(name, slot))
         if not ok:
             return _done(
                 ret, f"clevis luks unbind {name} keyslot {slot} failed: {err}", result=False, **changes
@@ -596,7 +651,7 @@ def tang_bound(name, key_file, tang, header_backup=None):
         changes.setdefault("unbound", {"keyslots": []})["keyslots"].append(slot)
     comment = f"bound {name} to {urls}"
     if header_backup:
-        ok, done = _back_up_header(name, header_backup)
+        ok, done = _back_up_header(name, header_backup, key_file, previous_key_file, tang)
         if not ok:
             return _done(ret, f"{comment}, but {done}", result=False, **changes)
         changes["header_backup"] = header_backup
@@ -604,15 +659,22 @@ def tang_bound(name, key_file, tang, header_backup=None):
     return _done(ret, comment, **changes)
 
 
-def header_backed_up(name, backup):
+def header_backed_up(name, backup, key_file, previous_key_file=None, tang=None, formatted_by=None):
     """
     ``backup`` is a root-only ``cryptsetup luksHeaderBackup`` of the LUKS device ``name`` whose
     metadata is the live header's (hana_storage_host.header_backup; HANA-KEY-006).
 
-    The new backup is written beside the old one, checked against the live header, then renamed
-    over it: a run killed at any point leaves the old backup or the new one. The old one is not
-    kept: it holds keyslots since removed, and a passphrase revoked on the device would open a
-    device restored from it.
+    A new backup is made from a copy of the header in memory (cryptsetup repairs a damaged header
+    copy as it loads it: the device is only read), written beside the old one, and renamed over it
+    only once it is proven: the key in ``key_file`` opens it, and every keyslot of it is one the
+    pillar accounts for (the key's, ``previous_key_file``'s while a key is rotated, those of the
+    Clevis bindings to ``tang``'s servers). Until then the old backup stays; a run killed at any
+    point leaves one of the two.
+
+    A backup whose device lost what it holds (another UUID, keyslots gone: HANA-KEY-007) is never
+    replaced: it may be the only way back to the data. Unless this run made that change itself:
+    the state ``formatted_by`` formatted the device (allow_format), or this run's rotation or Tang
+    states removed those keyslots.
     """
     ret = _ret(name)
     try:
@@ -623,21 +685,51 @@ def header_backed_up(name, backup):
                 ret, f"would back up the LUKS header of {name} to {backup} once it is LUKS ({error})"
             )
         return _done(ret, f"{name}: {error}", result=False)
-    problem = _util("rules.header_backup_problem")(__salt__["hana_storage_host.header_backup"](backup), live)
+    fact = __salt__["hana_storage_host.header_backup"](backup)
+    problem = _util("rules.header_backup_problem")(fact, live)
     if problem is None:
         return _done(ret, f"{backup} is a current backup of the LUKS header of {name}")
+    if problem["rule"] == "HANA-KEY-007" and not _changed_in_this_run(
+        name, problem, fact, live, formatted_by
+    ):
+        return _done(
+            ret,
+            f"not replacing the header backup {backup}: the LUKS header of {name} lost what it holds "
+            f"({problem['text']}). If the volume's key no longer opens {name}, restore it: "
+            f"{_util('rules.restore_hint')(name, backup)}. If that was done on purpose, move the backup "
+            "aside and apply again. Nothing was changed.",
+            result=False,
+        )
     if __opts__["test"]:
         return _would(
             ret, f"would back up the LUKS header of {name} to {backup} (the backup: {problem['text']})"
         )
-    ok, done = _back_up_header(name, backup)
+    ok, done = _back_up_header(name, backup, key_file, previous_key_file, tang)
     if not ok:
         return _done(ret, done, result=False)
     return _done(ret, f"{done} (the backup: {problem['text']})", header_backup=backup)
 
 
-def _back_up_header(device, backup):
-    """luksHeaderBackup ``device`` to ``backup`` through a new file in its directory: (ok, what
+def _changed_in_this_run(device, problem, fact, live, formatted_by):
+    """Did this run itself make the change that sets ``device``'s header apart from its backup?"""
+    running = (globals().get("__running__") or {}).values()
+    if problem["code"] == "other_device":
+        return bool(formatted_by) and any(
+            r.get("__id__") == formatted_by and "formatted" in (r.get("changes") or {}) for r in running
+        )
+    removed = {
+        slot
+        for r in running
+        if r.get("name") == device and r.get("result") is True
+        for change in ("removed", "unbound")
+        for slot in ((r.get("changes") or {}).get(change) or {}).get("keyslots", [])
+    }
+    return set(_util("rules.lost_keyslots")(fact, live)) <= removed
+
+
+def _back_up_header(device, backup, key_file, previous_key_file=None, tang=None):
+    """Back ``device``'s LUKS header up to ``backup`` from a copy of it in memory, through a new
+    file beside it that replaces the old one once it is proven (see header_backed_up): (ok, what
     was done or why not)."""
     directory = os.path.dirname(backup)
     existing = directory
@@ -655,14 +747,11 @@ def _back_up_header(device, backup):
     new = f"{backup}.new"
     if os.path.lexists(new):
         os.unlink(new)  # left by a run killed before its rename: cryptsetup never writes over a file
-    ok, err = _run(_util("commands.luks_header_backup")(device, new))
+    ok, why = _make_proven_backup(device, new, key_file, previous_key_file, tang)
     if not ok:
-        return False, f"cryptsetup luksHeaderBackup {device} failed: {err}"
-    live = __salt__["hana_storage_host.luks_header"](device)
-    made = __salt__["hana_storage_host.header_backup"](new)
-    if _util("rules.header_backup_problem")(dict(made, mode=0o400, uid=0), live) is not None:
-        os.unlink(new)
-        return False, f"the header of {device} changed while it was backed up: run again"
+        if os.path.lexists(new):
+            os.unlink(new)
+        return False, why
     os.chown(new, 0, 0)
     os.chmod(new, 0o400)
     os.replace(new, backup)
@@ -674,6 +763,44 @@ def _back_up_header(device, backup):
     return True, f"backed up the LUKS header of {device} to {backup}"
 
 
+def _make_proven_backup(device, new, key_file, previous_key_file, tang):
+    """luksHeaderBackup of a copy of ``device``'s header to ``new``, then the proof: the backup
+    is the live header's, the key opens it, no keyslot in it is one the pillar cannot account for.
+    (ok, why not)."""
+    header = __salt__["hana_storage_host.luks_header"](device)
+    size = header.get("data_offset")
+    if not isinstance(size, int) or size <= 0:
+        return False, f"the LUKS header of {device} names no data offset: not backing it up"
+    with _util("files.memory_copy")(os.path.realpath(device), size) as copy:
+        ok, err = _run(_util("commands.luks_header_backup")(copy, new))
+    if not ok:
+        return False, f"cryptsetup luksHeaderBackup of a copy of the header of {device} failed: {err}"
+    made = __salt__["hana_storage_host.header_backup"](new)
+    live = __salt__["hana_storage_host.luks_header"](device)
+    if made.get("error") or (made["uuid"], made["fingerprint"]) != (live["uuid"], live.get("fingerprint")):
+        return False, f"the header of {device} changed while it was backed up: run again"
+    opens = __salt__["hana_storage_host.key_slots"](new, key_file)
+    if not opens["keyslots"]:
+        return False, (
+            f"the volume's key {key_file} does not open the header of {device} "
+            f"({opens['error'] or 'no keyslot takes it'}): not making a backup of it; the old one stays"
+        )
+    accounted = {str(slot) for slot in opens["keyslots"]} | _util("rules.pillar_clevis_keyslots")(live, tang)
+    if previous_key_file and os.path.exists(previous_key_file):
+        accounted |= {
+            str(s) for s in __salt__["hana_storage_host.key_slots"](new, previous_key_file)["keyslots"]
+        }
+    unaccounted = [
+        k["id"] for k in live["keyslots"] if k.get("kdf") is not None and str(k["id"]) not in accounted
+    ]
+    if unaccounted:
+        return False, (
+            f"keyslots {', '.join(map(str, unaccounted))} of {device} open it and no key of the pillar "
+            "accounts for them (HANA-KEY-005): not keeping a backup that holds them; the old one stays"
+        )
+    return True, None
+
+
 def _created_in_this_run(state_id):
     """Did the state ``state_id`` of this run create its device (``changes: {created: ...}``)?"""
     running = globals().get("__running__") or {}
@@ -682,7 +809,7 @@ def _created_in_this_run(state_id):
     )
 
 
-def pv_safe(name, vg, lv_dm_name=None):
+def pv_safe(name, vg, lv_dm_name=None, opened_by=None):
     """
     The opened LUKS device ``name`` (below LVM) is blank or already a PV of ``vg`` (held by its
     LV ``lv_dm_name`` once that exists), before Salt's
@@ -699,20 +826,22 @@ def pv_safe(name, vg, lv_dm_name=None):
         "pv", _probe(name), False, own_holders=[lv_dm_name] if lv_dm_name else [], own_vg=vg
     )
     if verdict["verdict"] == "refuse":
+        closed = _close_if_opened_here(opened_by, os.path.basename(name))
         return _done(
             ret,
-            f"refusing to make {name} a PV of {vg}: it {verdict['reason']}. Nothing was changed.",
+            f"refusing to make {name} a PV of {vg}: it {verdict['reason']}. {_unchanged(closed)}",
             result=False,
         )
     return _done(ret, f"{name}: {verdict['reason']}")
 
 
-def luks_opened(name, device, key_file, flags):
+def luks_opened(name, device, key_file, flags, previous_key_file=None):
     """
-    ``device`` is open as /dev/mapper/``name`` with exactly the wanted dm-crypt ``flags``, active
-    in the table and stored in the LUKS2 header (``cryptsetup open|refresh --persistent``).
-    Header flags outside ``flags`` (an admin's ``same-cpu-crypt``) are neither compared nor
-    dropped.
+    ``device`` is open as /dev/mapper/``name``. A closed device is opened with the wanted
+    dm-crypt ``flags`` active, but not stored in its LUKS2 header: nothing is written to a
+    device before what it holds is known (``pv_safe`` below LVM, ``formatted`` above it);
+    ``luks_flags`` stores them once it is. While a key is rotated the device may open only
+    with ``previous_key_file`` yet. A mapping of that name on another device is refused.
 
     flags
         The plan's ``luks.flags``: every flag the formula decides on, each with its spellings
@@ -720,27 +849,51 @@ def luks_opened(name, device, key_file, flags):
     """
     ret = _ret(name)
     wanted = sorted(f["dm"] for f in flags if f["wanted"])
-    want_stored = sorted(f["header"] for f in flags if f["wanted"])
-    header = _header_flags(device) if os.path.exists(device) else None
-    managed_in_header = {f["header"] for f in flags}
-    stored = None if header is None else sorted(f for f in header if f in managed_in_header)
-    persistent = stored != want_stored
+    table = __salt__["hana_storage_host.dm_tables"]().get(name)
+    if table is not None:
+        segment = next((s for s in table if s["target"] == "crypt"), None)
+        if segment is None or not _same_device(segment["device"], device):
+            return _done(
+                ret,
+                f"/dev/mapper/{name} exists but is not a crypt mapping of {device}: not touching it",
+                result=False,
+            )
+        return _done(ret, f"{device} is open as /dev/mapper/{name}")
+    if __opts__["test"]:
+        return _would(ret, f"would open {device} as {name} with flags {wanted or 'none'}")
+    if not os.path.exists(device):
+        return _done(ret, f"{device} does not exist", result=False)
     options = [f["cryptsetup"] for f in flags if f["wanted"]]
-    options += _util("pillar.unmanaged_flag_options")(header or [])
+    options += _util("pillar.unmanaged_flag_options")(_header_flags(device))
+    errors = []
+    for key in _key_files(key_file, previous_key_file) or [key_file]:
+        ok, err = _run(_util("commands.luks_open")(name, device, key, options, persistent=False))
+        if ok:
+            return _done(
+                ret,
+                f"opened {device} as /dev/mapper/{name} with flags {wanted or 'none'} (not stored in its "
+                "header until what it holds is known)",
+                opened={"device": device, "name": name, "flags": wanted},
+            )
+        errors.append(err)
+    return _done(ret, f"cryptsetup open {device} failed: {'; '.join(errors)}", result=False)
+
+
+def luks_flags(name, device, key_file, flags):
+    """
+    The open crypt device ``name`` (on ``device``) runs with exactly the wanted dm-crypt
+    ``flags``, active in the table and stored in the LUKS2 header (``cryptsetup refresh
+    --persistent``). Header flags outside ``flags`` (an admin's ``same-cpu-crypt``) are neither
+    compared nor dropped. The fix of HANA-PERF-002, -003 and -004.
+    """
+    ret = _ret(name)
+    wanted = sorted(f["dm"] for f in flags if f["wanted"])
+    want_stored = sorted(f["header"] for f in flags if f["wanted"])
     table = __salt__["hana_storage_host.dm_tables"]().get(name)
     if table is None:
         if __opts__["test"]:
-            return _would(ret, f"would open {device} as {name} with flags {wanted or 'none'}")
-        if not os.path.exists(device):
-            return _done(ret, f"{device} does not exist", result=False)
-        ok, err = _run(_util("commands.luks_open")(name, device, key_file, options, persistent))
-        if not ok:
-            return _done(ret, f"cryptsetup open {device} failed: {err}", result=False)
-        return _done(
-            ret,
-            f"opened {device} as /dev/mapper/{name} with flags {wanted or 'none'}",
-            opened={"device": device, "name": name, "flags": wanted},
-        )
+            return _would(ret, f"would set the flags of {name} once it is open: {wanted or 'none'}")
+        return _done(ret, f"/dev/mapper/{name} is not open: no flags to set", result=False)
     segment = next((s for s in table if s["target"] == "crypt"), None)
     if segment is None or not _same_device(segment["device"], device):
         return _done(
@@ -748,19 +901,46 @@ def luks_opened(name, device, key_file, flags):
             f"/dev/mapper/{name} exists but is not a crypt mapping of {device}: not touching it",
             result=False,
         )
+    header = _header_flags(device)
+    managed_in_header = {f["header"] for f in flags}
+    stored = sorted(f for f in header if f in managed_in_header)
+    persistent = stored != want_stored
     managed = {f["dm"] for f in flags}
     active = sorted(f for f in segment["flags"] if f in managed)
     if active == wanted and not persistent:
-        return _done(ret, f"{name} is open with flags {wanted or 'none'} (active and persistent)")
+        return _done(ret, f"{name} runs with flags {wanted or 'none'} (active and stored)")
     change = {"active": {"old": active, "new": wanted}}
     if persistent:
         change["persistent"] = {"old": stored, "new": want_stored}
     if __opts__["test"]:
         return _would(ret, f"would refresh {name}: flags {change}")
+    options = [f["cryptsetup"] for f in flags if f["wanted"]]
+    options += _util("pillar.unmanaged_flag_options")(header)
     ok, err = _run(_util("commands.luks_refresh")(name, key_file, options, persistent))
     if not ok:
         return _done(ret, f"cryptsetup refresh {name} failed: {err}", result=False)
     return _done(ret, f"refreshed {name} to flags {wanted or 'none'}", flags=change)
+
+
+def _unchanged(closed):
+    """What a refusal left: nothing, or nothing but a look inside (``closed``: how it ended)."""
+    return f"Nothing was written to any device; {closed}." if closed else "Nothing was changed."
+
+
+def _close_if_opened_here(opened_by, crypt_name):
+    """Close the mapping ``crypt_name`` if the state ``opened_by`` opened it in this run: what a
+    refused volume's device holds was only looked at. (what was done, in words) or None."""
+    running = (globals().get("__running__") or {}).values()
+    if not crypt_name or not any(
+        r.get("__id__") == opened_by and "opened" in (r.get("changes") or {}) for r in running
+    ):
+        return None
+    ok, err = _run(["cryptsetup", "close", crypt_name])
+    return (
+        f"/dev/mapper/{crypt_name}, opened by this run to look inside, was closed again"
+        if ok
+        else f"closing /dev/mapper/{crypt_name}, opened by this run to look inside, failed: {err}"
+    )
 
 
 def _header_flags(device):
@@ -847,7 +1027,7 @@ def lv_active(name):
     return _done(ret, f"activated {name}", activated=name)
 
 
-def formatted(name, stripe_kib=0, stripes=1, mkfs_options=(), may_wipe=False):
+def formatted(name, stripe_kib=0, stripes=1, mkfs_options=(), may_wipe=False, opened_by=None):
     """
     ``name`` holds XFS aligned to the stripe (su = stripe size, sw = stripes). A blank device is
     formatted; XFS is kept as it is (never formatted again); anything else is refused.
@@ -862,9 +1042,14 @@ def formatted(name, stripe_kib=0, stripes=1, mkfs_options=(), may_wipe=False):
     if verdict["verdict"] == "use":
         return _done(ret, f"{name}: {verdict['reason']}")
     if verdict["verdict"] == "refuse":
+        closed = (
+            _close_if_opened_here(opened_by, os.path.basename(name))
+            if name.startswith("/dev/mapper/")
+            else None
+        )
         return _done(
             ret,
-            f"refusing to create a filesystem on {name}: it {verdict['reason']}. Nothing was changed.",
+            f"refusing to create a filesystem on {name}: it {verdict['reason']}. {_unchanged(closed)}",
             result=False,
         )
     # mkfs.xfs refuses to overwrite its own unfinished superblock without -f

@@ -32,7 +32,7 @@ def pbkdf_args(pbkdf):
     return args
 
 
-def luks_format(device, key_file, luks, label=None, offset_sectors=None):
+def luks_format(device, key_file, luks, label=None, offset_sectors=None, uuid=None):
     argv = [
         "cryptsetup",
         "luksFormat",
@@ -53,6 +53,8 @@ def luks_format(device, key_file, luks, label=None, offset_sectors=None):
         argv += ["--label", label]
     if offset_sectors:
         argv += ["--offset", str(offset_sectors)]
+    if uuid:
+        argv += ["--uuid", uuid]
     return [*argv, device]
 
 

@@ -1,5 +1,5 @@
-"""Files the formula writes whole or not at all. The one place it replaces a file: crypttab,
-fstab, key files, header backups.
+"""The formula's own file I/O: files written whole or not at all (crypttab, fstab, key files,
+header backups), and in-memory copies of a device's first bytes.
 
 A file is replaced by a new one written beside it (same directory, so the same file system),
 synced, given the old file's mode and owner, and renamed over it; the directory is synced after
@@ -51,3 +51,26 @@ def replace_file(path, data, mode=0o644, uid=0, gid=0):
         raise
     finally:
         os.close(folder)
+
+
+@contextlib.contextmanager
+def memory_copy(path, size):
+    """A copy of the first ``size`` bytes of ``path`` in memory (memfd: never on a disk, never
+    swapped... unless memory is), as a path other processes of this user can open:
+    ``/proc/<pid>/fd/<n>``. What a LUKS header is handed to cryptsetup as, because cryptsetup
+    repairs a damaged header copy as it loads one: the device itself is only read."""
+    copy = os.memfd_create("hana-storage-luks-header", os.MFD_CLOEXEC)
+    try:
+        source = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            done = 0
+            while done < size:
+                chunk = os.pread(source, min(size - done, 1 << 22), done)
+                if not chunk:
+                    break
+                done += os.write(copy, chunk)
+        finally:
+            os.close(source)
+        yield f"/proc/{os.getpid()}/fd/{copy}"
+    finally:
+        os.close(copy)

@@ -75,9 +75,11 @@ def _parse_luks1(raw):
         active, iterations = struct.unpack_from(">II", raw, 208 + slot * 48)
         if active == LUKS1_KEYSLOT_ACTIVE:
             kdf = {"type": "pbkdf2", "hash": hash_spec, "iterations": iterations}
+            fingerprint = hashlib.sha256(raw[208 + slot * 48 : 256 + slot * 48]).hexdigest()[:16]
             keyslots.append(
-                {"id": slot, "type": "luks1", "key_size": key_bytes * 8, "kdf": kdf, "volume_key": "0"}
-            )
+                {"id": slot, "type": "luks1", "key_size": key_bytes * 8, "kdf": kdf, "volume_key": "0",
+                 "fingerprint": fingerprint}
+            )  # fmt: skip
         elif active != LUKS1_KEYSLOT_DISABLED:
             raise LuksError(f"LUKS1 keyslot {slot} has an invalid state 0x{active:08x}")
     cipher = f"{cipher_name}-{cipher_mode}" if cipher_mode else cipher_name
@@ -371,6 +373,9 @@ def _keyslot(kid, slot):
         "key_size": _field(slot, "key_size", int, where) * 8,
         "priority": slot.get("priority", 1) if isinstance(slot.get("priority", 1), int) else 1,
         "kdf": None,
+        # the keyslot itself (its salt and area): the same in a header and its backup, another one
+        # for a keyslot removed and added again under the same number
+        "fingerprint": hashlib.sha256(json.dumps(slot, sort_keys=True).encode()).hexdigest()[:16],
     }
     if kind == "reencrypt":
         result["mode"] = _field(slot, "mode", str, where)

@@ -39,7 +39,7 @@ class Rule(NamedTuple):
 
 
 CRYPT_FLAGS = Fix(
-    "hana_storage.luks_opened",
+    "hana_storage.luks_flags",
     "crypt",
     {"name": "crypt.name", "device": "crypt.device", "key_file": "volume.key.file", "flags": "luks.flags"},
 )
@@ -72,12 +72,19 @@ TANG_BINDING = Fix(
         "key_file": "volume.key.file",
         "tang": "volume.key.tang",
         "header_backup": "crypt.header_backup",
+        "previous_key_file": "volume.key.previous.file",
     },
 )
 HEADER_BACKUP = Fix(
     "hana_storage.header_backed_up",
     "crypt",
-    {"name": "crypt.device", "backup": "crypt.header_backup"},
+    {
+        "name": "crypt.device",
+        "backup": "crypt.header_backup",
+        "key_file": "volume.key.file",
+        "previous_key_file": "volume.key.previous.file",
+        "tang": "volume.key.tang",
+    },
 )
 KEY_FILE = Fix(
     "hana_storage.key_present",
@@ -121,6 +128,9 @@ RULES = {
     ),
     "HANA-KEY-005": Rule("high", "a keyslot opens the volume that the pillar does not account for"),
     "HANA-KEY-006": Rule("medium", "no current, root-only LUKS header backup", HEADER_BACKUP),
+    "HANA-KEY-007": Rule(
+        "critical", "the LUKS header lost what its backup holds (another UUID, keyslots gone): restore it"
+    ),
     "HANA-KEY-008": Rule(
         "medium", "the pillar still names a previous key that opens no keyslot (rotation ended)"
     ),
@@ -171,22 +181,73 @@ def tang_binding_matches(binding, tang):
 
 def header_backup_problem(fact, header):
     """What is wrong with a header backup (hana_storage_host.header_backup) of the live LUKS
-    ``header``: None, or {"code", "text"} - ``missing``, ``unreadable``, ``other_device``,
-    ``stale`` (the header's keyslots, tokens or segments changed since), ``exposed``."""
+    ``header``: None, or {"code", "text", "rule"}.
+
+    HANA-KEY-006 (auto: the fix makes a new backup, and replaces the old one only once the key is
+    proven to open it): ``missing``, ``unreadable``, ``stale`` (the header gained keyslots, tokens
+    or flags since), ``exposed``. HANA-KEY-007 (manual: never replaced automatically, the backup
+    may be the only way back): ``other_device`` (another UUID: a stray luksFormat) or
+    ``keyslots_lost`` (keyslots the backup holds are gone from the header: erased, killed or
+    overwritten, or removed on purpose by a rotation killed before its new backup)."""
     if not fact["exists"]:
-        return {"code": "missing", "text": "none"}
+        return {"code": "missing", "text": "none", "rule": "HANA-KEY-006"}
     if "error" in fact:
-        return {"code": "unreadable", "text": f"unreadable: {fact['error']}"}
+        return {"code": "unreadable", "text": f"unreadable: {fact['error']}", "rule": "HANA-KEY-006"}
     if fact["uuid"] != header["uuid"]:
-        return {"code": "other_device", "text": f"the header of another LUKS device (UUID {fact['uuid']})"}
+        return {
+            "code": "other_device",
+            "text": f"the header of another LUKS device (UUID {fact['uuid']}; the device's is {header['uuid']})",
+            "rule": "HANA-KEY-007",
+        }
+    lost = lost_keyslots(fact, header)
+    if lost:
+        return {
+            "code": "keyslots_lost",
+            "text": f"keyslots {', '.join(map(str, lost))} of the backup are gone from the header"
+            + ("" if header.get("keyslots") else " (it has no keyslot left: no key opens it)"),
+            "rule": "HANA-KEY-007",
+        }
     if fact["fingerprint"] != header.get("fingerprint"):
         return {
             "code": "stale",
-            "text": "older than the header: its keyslots, tokens or segments changed since",
+            "text": "older than the header: keyslots, tokens or flags were added since",
+            "rule": "HANA-KEY-006",
         }
     if fact["mode"] & 0o077 or fact["uid"] != 0:
-        return {"code": "exposed", "text": f"mode {fact['mode']:04o}, owner uid {fact['uid']}"}
+        return {
+            "code": "exposed",
+            "text": f"mode {fact['mode']:04o}, owner uid {fact['uid']}",
+            "rule": "HANA-KEY-006",
+        }
     return None
+
+
+def lost_keyslots(fact, header):
+    """The ids (in the backup) of the keyslots a header backup holds that the live ``header`` lacks."""
+    live = {k.get("fingerprint") for k in header.get("keyslots", [])}
+    return [k["id"] for k in fact.get("keyslots", []) if k["fingerprint"] not in live]
+
+
+def pillar_clevis_keyslots(header, tang):
+    """Keyslots of the Clevis bindings to the pillar's Tang servers (``tang``: the plan's
+    key.tang, or None): their passphrase is 32 random bytes made by Clevis, accounted for like the
+    key's. A binding to anything else (``foreign``) is not."""
+    if not tang:
+        return set()
+    return {
+        str(slot)
+        for token in header.get("tokens", [])
+        if token["type"] == "clevis" and tang_binding_verdict(token["clevis"], tang) != "foreign"
+        for slot in token["keyslots"]
+    }
+
+
+def restore_hint(device, backup):
+    """How a person restores a LUKS header from its backup (the device's data stays)."""
+    return (
+        f"close what sits on it, then cryptsetup luksHeaderRestore {device} --header-backup-file {backup}, "
+        "and check that the volume's key opens it"
+    )
 
 
 def fix_for(plan, finding, volume_summary):
@@ -209,7 +270,7 @@ def fix_for(plan, finding, volume_summary):
     for arg, path in fix.args.items():
         value = scope
         for part in path.split("."):
-            value = value[part]
+            value = value.get(part) if isinstance(value, dict) else None  # None: not in this plan
         kwargs[arg] = value
     return {"state": fix.state, "kwargs": kwargs}
 
@@ -591,6 +652,19 @@ class VolumeAudit:
         problem = header_backup_problem(fact, header)
         if problem is None:
             return
+        if problem["rule"] == "HANA-KEY-007":
+            self.add(
+                "HANA-KEY-007",
+                path,
+                f"the live header still holds what its backup {backup} holds",
+                problem["text"],
+                f"{path}: its LUKS header lost what the backup {backup} holds ({problem['text']}). If the "
+                "volume's key no longer opens it, restore it now, before the device is closed: "
+                f"{restore_hint(crypt['device'], backup)}. If the keyslots were removed on purpose, "
+                "move the backup aside and apply again. The backup is never replaced while it may be "
+                "the only way back.",
+            )
+            return
         self.add(
             "HANA-KEY-006",
             path,
@@ -601,18 +675,8 @@ class VolumeAudit:
         )
 
     def _pillar_clevis_keyslots(self, header):
-        """Keyslots of the Clevis bindings to the pillar's servers: their passphrase is 32 random bytes
-        made by Clevis (which adds them with PBKDF2, 1000 iterations), so no KDF makes guessing it
-        harder. Any other binding's keyslot is judged like any keyslot."""
         key = self.volume["key"]
-        if key["source"] != "tang":
-            return set()
-        return {
-            str(slot)
-            for token in header.get("tokens", [])
-            if token["type"] == "clevis" and tang_binding_verdict(token["clevis"], key["tang"]) != "foreign"
-            for slot in token["keyslots"]
-        }
+        return pillar_clevis_keyslots(header, key["tang"] if key["source"] == "tang" else None)
 
     def _weak(self, kdf):
         minimum = self.plan.get("compliance", {}).get("min_pbkdf", {})

@@ -83,11 +83,14 @@ def _unknown_data(probe):
 
 
 def _luks_key_verdict(probe):
-    """None when a closed LUKS device is the volume's (its key opens it, or nobody's key can)."""
+    """None when a closed LUKS device is the volume's: its key opens it, or it is a luksFormat of
+    this formula's that was killed before its keyslot."""
     if probe.get("key_opens"):
         return None
     if unfinished_luks(probe):
         return None
+    if (probe.get("luks") or {}).get("keyslots") == 0:
+        return "damaged_luks", DAMAGED_LUKS
     if probe.get("key_error"):
         return "key_test_failed", f"is LUKS, and testing the volume's key on it failed: {probe['key_error']}"
     if probe.get("key_opens") is None:
@@ -109,15 +112,29 @@ def _ours(volume, probe):
 
 
 UNFINISHED_LUKS = (
-    "an interrupted luksFormat left a LUKS header with no keyslot: no key opens it, it is formatted again"
+    "an interrupted luksFormat of this formula's left a LUKS header with no keyslot: no key opens it, "
+    "it is formatted again"
+)
+DAMAGED_LUKS = (
+    "is LUKS with no keyslot left, and not one this formula began (luksErase, a damaged or overwritten "
+    "header): the data behind it is still there, and a header backup restores it "
+    "(cryptsetup luksHeaderRestore --header-backup-file ...)"
 )
 
 
 def unfinished_luks(probe):
-    """A LUKS header without a single keyslot: what luksFormat leaves when killed between writing
-    the header and adding the key. Nobody can decrypt anything behind it: nothing can be lost."""
+    """A LUKS header without a single keyslot that this formula began: what its luksFormat leaves
+    when killed between writing the header and adding the key (``luks.format_began``: the probe
+    found the mark the formula leaves, by the header's UUID, before it runs luksFormat). Nobody
+    can decrypt anything behind it. Any other header without a keyslot (luksErase, a damaged or
+    overwritten header) is damage, never blank: the volume key is gone, a backup brings it back."""
     luks = probe.get("luks") or {}
-    return luks.get("keyslots") == 0 and not probe.get("holders") and not probe.get("key_opens")
+    return (
+        luks.get("keyslots") == 0
+        and bool(luks.get("format_began"))
+        and not probe.get("holders")
+        and not probe.get("key_opens")
+    )
 
 
 def refusal_summary(verdicts):

@@ -445,6 +445,7 @@ def backup_of(summary, **fact):
         "uid": 0,
         "uuid": summary["uuid"],
         "fingerprint": summary["fingerprint"],
+        "keyslots": [{"id": k["id"], "fingerprint": k["fingerprint"]} for k in summary["keyslots"]],
         **fact,
     }
 
@@ -454,7 +455,6 @@ def backup_of(summary, **fact):
     [
         (None, "none"),
         ({"exists": True, "error": "no LUKS header"}, "unreadable: no LUKS header"),
-        ({"uuid": "0b5d6e2a-0000-4000-8000-000000000000"}, "the header of another LUKS device"),
         ({"fingerprint": "0" * 64}, "older than the header"),
         ({"mode": 0o644}, "mode 0644, owner uid 0"),
     ],
@@ -485,7 +485,42 @@ def test_a_missing_stale_or_exposed_header_backup_is_key_006(fact, problem):
     fix = rules.fix_for(plan_of(with_header_backups()), finding, {"mounted": True})
     assert fix == {
         "state": "hana_storage.header_backed_up",
-        "kwargs": {"name": "/dev/vg_a/lv_a", "backup": data},  # the test pillar names its LV
+        "kwargs": {  # the test pillar names its LV
+            "name": "/dev/vg_a/lv_a",
+            "backup": data,
+            "key_file": KEY_FILE,
+            "previous_key_file": None,
+            "tang": None,
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    "damage,actual",
+    [
+        ({"uuid": "0b5d6e2a-0000-4000-8000-000000000000"}, "the header of another LUKS device"),
+        (
+            {"keyslots": [{"id": 0, "fingerprint": "gone"}]},
+            "keyslots 0 of the backup are gone from the header",
+        ),
+    ],
+)
+def test_a_header_that_lost_what_its_backup_holds_is_key_007_and_never_auto(damage, actual):
+    """Regression (issue 29, item 1): a backup of another UUID (a stray luksFormat) or holding a
+    keyslot the header lost (luksErase, luksKillSlot) was HANA-KEY-006, whose auto fix replaced
+    the only copy of the volume key with the damage. It is a manual finding that says restore."""
+    facts = compliant()
+    live = facts["headers"]["dm-0"]
+    data = f"{BACKUPS}/hana_data.luks-header"
+    facts["header_backups"] = {data: backup_of(live, **damage)}
+    findings = [
+        f for f in rules.audit(plan_of(with_header_backups()), facts)["findings"] if f["volume"] == "data"
+    ]
+    (finding,) = findings
+    assert (finding["rule"], finding["remediation"]) == ("HANA-KEY-007", "manual")
+    assert finding["actual"].startswith(actual) and "luksHeaderRestore /dev/vg_a/lv_a" in finding["message"]
+    assert rules.fix_for(plan_of(with_header_backups()), finding, {"mounted": True}) == {
+        "code": "manual_rule"
     }
 
 
@@ -640,7 +675,7 @@ def test_every_rule_has_a_test():
         "HANA-MOUNT-001",
         "HANA-KEY-002",
     }
-    tested |= {"HANA-KEY-003", "HANA-KEY-004", "HANA-KEY-006", "HANA-KEY-008"}
+    tested |= {"HANA-KEY-003", "HANA-KEY-004", "HANA-KEY-006", "HANA-KEY-007", "HANA-KEY-008"}
     assert tested == set(rules.RULES)
 
 

@@ -982,7 +982,7 @@ def test_remediate_calls_the_state_the_rule_table_names_with_the_plans_arguments
     assert ret["fixed"][1]["changes"] == "fixed with an earlier finding"  # one refresh fixes both
     assert module.fixes == [
         (
-            "hana_storage.luks_opened",
+            "hana_storage.luks_flags",
             {
                 "name": "hana_data",
                 "device": "/dev/vg_hana_data/lv_hana_data",

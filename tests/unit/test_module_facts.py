@@ -4,12 +4,12 @@ command's messages."""
 import copy
 import importlib.util
 
-import hana_storage_dm as dm
 import hana_storage_lvm as lvm
 import pytest
 from salt.exceptions import CommandExecutionError
 
 from tests.conftest import REPO
+from tests.support.utils import UTILS
 from tests.unit.test_audit import recorded_facts
 
 
@@ -18,7 +18,7 @@ def module(monkeypatch, tmp_path):
     spec = importlib.util.spec_from_file_location("host_module", REPO / "_modules" / "hana_storage_host.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module.__utils__ = {"hana_storage_dm.parse_tables": dm.parse_tables}
+    module.__utils__ = UTILS
     module.runs = []
     module.driver = tmp_path / "device-mapper"
     monkeypatch.setattr(module, "DM_DRIVER", str(module.driver))

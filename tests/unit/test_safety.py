@@ -112,9 +112,22 @@ CASES = [
     (
         "unfinished-luks",
         "below_lvm",
-        {"signatures": sig("crypto_LUKS"), "key_opens": False, "luks": {"version": 2, "keyslots": 0}},
+        {
+            "signatures": sig("crypto_LUKS"),
+            "key_opens": False,
+            "luks": {"version": 2, "keyslots": 0, "format_began": True},
+        },
         "use",
         "interrupted luksFormat",
+    ),
+    (
+        # issue 29, item 1: luksErase (or a damaged header) leaves no keyslot either, but the
+        # formula did not begin that luksFormat: the data is behind it, its backup can restore it
+        "erased-luks",
+        "below_lvm",
+        {"signatures": sig("crypto_LUKS"), "key_opens": False, "luks": {"version": 2, "keyslots": 0}},
+        "refuse",
+        "not one this formula began",
     ),
     (
         "foreign-luks-with-keyslot",
@@ -185,10 +198,28 @@ def test_safe_mode_off_allows_every_pillar_device():
         ("luks", {"signatures": sig("crypto_LUKS"), "key_opens": False}, True, "wipe", "allowed"),
         (
             "luks",
-            {"signatures": sig("crypto_LUKS"), "key_opens": False, "luks": {"keyslots": 0}},
+            {
+                "signatures": sig("crypto_LUKS"),
+                "key_opens": False,
+                "luks": {"keyslots": 0, "format_began": True},
+            },
             False,
             "create",
             "no keyslot",
+        ),
+        (
+            "luks",
+            {"signatures": sig("crypto_LUKS"), "key_opens": False, "luks": {"keyslots": 0}},
+            False,
+            "refuse",
+            "not one this formula began",
+        ),
+        (
+            "luks",
+            {"signatures": sig("crypto_LUKS"), "key_opens": False, "luks": {"keyslots": 0}},
+            True,
+            "wipe",
+            "allowed",
         ),
         ("luks", {"signatures": sig("xfs")}, False, "refuse", "xfs signature"),
         ("luks", {"holders": ["intruder"]}, True, "refuse", "in use by intruder"),

@@ -54,8 +54,9 @@ def test_the_header_is_backed_up_after_its_keyslots_and_flags_are_in_place(tmp_p
     assert {"name": "/dev/mapper/mpathc"} in step
     assert {"backup": "/var/lib/hana-storage/luks-headers/hana_log_0.luks-header"} in step
     (require,) = [arg["require"] for arg in step if "require" in arg]
-    assert {"hana_storage": "hana-storage-log-open-0"} in require
-    assert ({"hana_storage": "hana-storage-log-tang-0"} in require) is (key == "tang")
+    assert {"hana_storage": "hana-storage-log-flags-0"} in require
+    flags = requires(states["hana-storage-log-flags-0"]["hana_storage.luks_flags"])
+    assert flags == ["hana-storage-log-tang-0" if key == "tang" else "hana-storage-log-inside-0"]
     if key == "tang":
         tang = states["hana-storage-data-tang-0"]["hana_storage.tang_bound"]
         assert {"header_backup": "/var/lib/hana-storage/luks-headers/hana_data.luks-header"} in tang
@@ -73,8 +74,9 @@ def test_a_rotation_adds_the_key_before_opening_and_removes_the_previous_once_cr
     tmp_path, key
 ):
     """The order that keeps every device opening with one key or both, and a boot in between
-    unlocking: previous key in place -> guard -> new keyslot (proven) -> open -> crypttab names the
-    new key -> previous keyslot removed -> header backup of the final keyslots."""
+    unlocking: previous key in place -> guard -> open (with either key) -> what it holds is
+    checked -> new keyslot (proven) -> flags stored -> crypttab names the new key -> previous
+    keyslot removed -> header backup of the final keyslots."""
     previous = {"source": "keyfile", "path": "/etc/hana-storage/keys/old.key"}
     new = {
         "keyfile": {"source": "keyfile", "path": "/etc/hana-storage/keys/new.key", "previous": previous},
@@ -99,10 +101,11 @@ def test_a_rotation_adds_the_key_before_opening_and_removes_the_previous_once_cr
         rekey = states[f"hana-storage-{volume}-rekey-0"]["hana_storage.key_enrolled"]
         assert {"name": device} in rekey and {"key_file": key_file} in rekey
         assert {"previous_key_file": "/etc/hana-storage/keys/old.key"} in rekey
-        assert requires(rekey) == [f"hana-storage-{volume}-luks-0"]
-        assert requires(states[f"hana-storage-{volume}-open-0"]["hana_storage.luks_opened"]) == [
-            f"hana-storage-{volume}-rekey-0"
-        ]
+        inside = "hana-storage-data-mkfs" if volume == "data" else "hana-storage-log-inside-0"
+        assert requires(rekey) == [inside]
+        opened = states[f"hana-storage-{volume}-open-0"]["hana_storage.luks_opened"]
+        assert requires(opened) == [f"hana-storage-{volume}-luks-0"]
+        assert {"previous_key_file": "/etc/hana-storage/keys/old.key"} in opened
         retire = states[f"hana-storage-{volume}-retire-0"]["hana_storage.previous_key_removed"]
         assert {"name": device} in retire and {"key_file": key_file} in retire
         assert requires(retire) == [f"hana-storage-{volume}-crypttab-0"]
@@ -112,3 +115,55 @@ def test_a_rotation_adds_the_key_before_opening_and_removes_the_previous_once_cr
             assert requires(states[f"hana-storage-{volume}-tang-0"]["hana_storage.tang_bound"]) == [
                 f"hana-storage-{volume}-rekey-0"
             ]
+
+
+def transitive(states, state_id):
+    """Every state ``state_id`` requires, directly or through others."""
+    seen, todo = set(), [state_id]
+    while todo:
+        current = todo.pop()
+        for step in states.get(current, {}).values():
+            for arg in step:
+                for requisite in arg.get("require", []) if isinstance(arg, dict) else []:
+                    for required in requisite.values():
+                        if required not in seen:
+                            seen.add(required)
+                            todo.append(required)
+    return seen
+
+
+@pytest.mark.parametrize("key", ["keyfile", "tang", "rotation"])
+def test_nothing_persistent_reaches_a_device_before_what_it_holds_is_checked(tmp_path, key):
+    """Regression (issue 29, item 3): a disk LUKS the key opens, holding XFS, was opened with
+    --persistent (its header rewritten) before pv_safe refused it, and got a crypttab line after.
+    Every step that writes a header (a keyslot, a binding, stored flags, a backup) or a boot file
+    (crypttab) of a crypt device now requires the look inside it (below LVM pv_safe, above it
+    the mkfs state's verdict)."""
+    keys = {
+        "keyfile": {},
+        "tang": {"key": TANG},
+        "rotation": {"key": {"source": "keyfile", "path": "/etc/hana-storage/keys/new.key",
+                             "previous": {"source": "keyfile", "path": "/etc/hana-storage/keys/old.key"}}},
+    }[key]  # fmt: skip
+    pillar = storage(header_backup={"directory": "/var/lib/hana-storage/luks-headers"}, **keys)
+    states = {}
+    for sls in (
+        "keys.sls",
+        "guard.sls",
+        "luks.sls",
+        "lvm.sls",
+        "crypttab.sls",
+        "filesystem.sls",
+        "mount.sls",
+    ):
+        states.update(rendered(tmp_path, pillar, sls))
+    persistent = ("rekey", "tang", "flags", "header-backup", "crypttab", "retire")
+    checked = 0
+    for volume, inside in (("data", "hana-storage-data-mkfs"), ("log", "hana-storage-log-inside-0")):
+        for step in persistent:
+            state_id = f"hana-storage-{volume}-{step}-0"
+            if state_id in states:
+                assert inside in transitive(states, state_id), state_id
+                checked += 1
+        assert inside not in transitive(states, f"hana-storage-{volume}-open-0")
+    assert checked >= 6

@@ -6,29 +6,20 @@ import base64
 import importlib.util
 import json
 import os
+import re
 from unittest.mock import MagicMock
 
-import hana_storage_commands as commands
-import hana_storage_files as files
 import hana_storage_pillar as pillar
-import hana_storage_rules as rules
-import hana_storage_safety as safety
-import hana_storage_tab as tab
 import pytest
 from salt.exceptions import CommandExecutionError
 
 from tests.conftest import REPO
+from tests.support.utils import UTILS
 
 spec = importlib.util.spec_from_file_location("hana_storage_state", REPO / "_states" / "hana_storage.py")
 states = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(states)
 
-UTILS = {
-    f"hana_storage_{module.__name__.rsplit('_', 1)[-1]}.{name}": getattr(module, name)
-    for module in (commands, files, pillar, rules, safety, tab)
-    for name in dir(module)
-    if not name.startswith("_")
-}
 DEV = "253:4"
 REAL_EXISTS = os.path.exists
 # how _run hands every command to Salt: an argv, no shell, nothing logged
@@ -39,8 +30,15 @@ KEY_PILLAR = "hana:storage:key:material"
 
 
 @pytest.fixture
-def salt_functions():
+def marks(tmp_path_factory):
+    """Where the state leaves its luksFormat marks (hana_storage_host.format_marker)."""
+    return tmp_path_factory.mktemp("luks-format")
+
+
+@pytest.fixture
+def salt_functions(marks):
     return {
+        "hana_storage_host.format_marker": lambda uuid: str(marks / uuid),
         "mount.remount": MagicMock(return_value=True),
         "mount.mount": MagicMock(return_value=True),
         "hana_storage_host.xfs_superblock": MagicMock(return_value={"uuid": "1234-abcd"}),
@@ -86,10 +84,23 @@ def fake_paths(monkeypatch, present=(), absent=()):
 
 
 def argvs_run(salt_functions):
-    """The argv of every command the state ran, each handed to cmd.run_all as _run does."""
+    """The argv of every command the state ran, each handed to cmd.run_all as _run does (Clevis's
+    with a private TMPDIR under the scratch ramfs)."""
     calls = salt_functions["cmd.run_all"].call_args_list
-    assert all(call.kwargs == RUN for call in calls), calls
+    for call in calls:
+        kwargs = dict(call.kwargs)
+        if call.args[0][0] == "clevis":
+            assert kwargs.pop("env")["TMPDIR"].startswith(states.SCRATCH + "/clevis-"), call
+        assert kwargs == RUN, call
     return [call.args[0] for call in calls]
+
+
+@pytest.fixture(autouse=True)
+def scratch(monkeypatch, tmp_path_factory):
+    """The ramfs Clevis's TMPDIR goes on: a directory of the test's (mount.mount is a fake)."""
+    folder = tmp_path_factory.mktemp("scratch")
+    monkeypatch.setattr(states, "SCRATCH", str(folder))
+    return folder
 
 
 @pytest.fixture(autouse=True)
@@ -609,7 +620,39 @@ LUKS_WHAT = "LUKS2 aes-xts-plain64, 512-bit key, 4096-byte sectors, argon2id"
 def luks_format_argv(key_file, *tail):
     return ["cryptsetup", "luksFormat", "--batch-mode", "--type", "luks2", "--cipher", "aes-xts-plain64",
             "--key-size", "512", "--sector-size", "4096", "--pbkdf", "argon2id", "--pbkdf-memory", "1048576",
-            "--key-file", key_file, "--label", "hana_data", *tail, LV]  # fmt: skip
+            "--key-file", key_file, "--label", "hana_data", *tail, "--uuid", ANY_UUID, LV]  # fmt: skip
+
+
+class _AnyUuid(str):
+    """Compares equal to any UUID string: luksFormat gets a fresh one each time."""
+
+    def __eq__(self, other):
+        return isinstance(other, str) and bool(
+            re.fullmatch(r"[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}", other)
+        )
+
+    __hash__ = str.__hash__
+
+
+ANY_UUID = _AnyUuid("<a uuid>")
+
+
+def test_luks_formatted_marks_its_luksformat_until_it_returned(salt_functions, lv_probe, marks):
+    """Regression (issue 29, item 1): a header without a keyslot is the formula's unfinished
+    luksFormat only while the mark made before it (by the UUID it gives the header) is there."""
+    present = []
+
+    def luks_format(argv, **kwargs):
+        present.append(sorted(p.name for p in marks.iterdir()))
+        return {"retcode": 0 if len(present) == 1 else 1, "stdout": "", "stderr": "killed"}
+
+    salt_functions["cmd.run_all"].side_effect = luks_format
+    assert states.luks_formatted(LV, "/k", LUKS, "hana_data")["result"] is True
+    (uuid,) = present[0]
+    assert argvs_run(salt_functions)[0][-3:] == ["--uuid", uuid, LV]
+    assert list(marks.iterdir()) == []  # it returned: the header has its keyslot
+    assert states.luks_formatted(LV, "/k", LUKS, "hana_data")["result"] is False
+    assert [p.name for p in marks.iterdir()] == present[1]  # a failed one keeps its mark
 
 
 @pytest.fixture
@@ -630,7 +673,7 @@ def test_luks_formatted_formats_a_blank_lv_with_the_policy(salt_functions, lv_pr
     ret = states.luks_formatted(LV, str(key), LUKS, "hana_data")
     assert ret["result"] is True
     assert argvs_run(salt_functions) == [luks_format_argv(str(key))]
-    assert ret["changes"] == {"formatted": {"device": LV, "luks_uuid": "u-1", "format": LUKS_WHAT}}
+    assert ret["changes"] == {"formatted": {"device": LV, "luks_uuid": ANY_UUID, "format": LUKS_WHAT}}
     salt_functions["hana_storage_host.probe"].assert_called_once_with([LV], key_file=[str(key)])
 
 
@@ -952,25 +995,39 @@ def luks_lv(salt_functions, monkeypatch):
     return set_state
 
 
-def test_luks_opened_opens_with_the_flags_and_stores_them_in_the_header(salt_functions, luks_lv):
+def test_luks_opened_opens_with_the_flags_active_and_stores_nothing(salt_functions, luks_lv):
+    """Regression (issue 29, item 3): the device was opened with --persistent, rewriting its
+    header, before anything had looked at what it holds."""
     luks_lv(header=[], table=None)
     ret = states.luks_opened("hana_data", LV, KEY, FLAGS)
     assert ret["result"] is True
     assert argvs_run(salt_functions) == [
-        [
-            "cryptsetup",
-            "open",
-            "--type",
-            "luks2",
-            "--key-file",
-            KEY,
-            *PERF_OPTIONS,
-            "--persistent",
-            LV,
-            "hana_data",
-        ]
+        ["cryptsetup", "open", "--type", "luks2", "--key-file", KEY, *PERF_OPTIONS, LV, "hana_data"]
     ]
     assert ret["changes"] == {"opened": {"device": LV, "name": "hana_data", "flags": WANTED}}
+
+
+def test_luks_opened_takes_the_previous_key_while_the_new_one_is_not_enrolled(
+    salt_functions, luks_lv, tmp_path
+):
+    new, old = tmp_path / "new.key", tmp_path / "old.key"
+    new.write_bytes(b"n" * 64)
+    old.write_bytes(b"o" * 64)
+    luks_lv(header=[], table=None)
+    salt_functions["cmd.run_all"].side_effect = lambda argv, **kw: {
+        "retcode": 0 if str(old) in argv else 2,
+        "stdout": "",
+        "stderr": "No key available",
+    }
+    ret = states.luks_opened("hana_data", LV, str(new), FLAGS, previous_key_file=str(old))
+    assert ret["result"] is True and [argv[5] for argv in argvs_run(salt_functions)] == [str(new), str(old)]
+
+
+def test_luks_opened_leaves_an_open_mapping_and_its_flags_to_luks_flags(salt_functions, luks_lv):
+    luks_lv(header=[], table=["allow_discards"])
+    ret = states.luks_opened("hana_data", LV, KEY, FLAGS)
+    assert ret["result"] is True and ret["changes"] == {}
+    assert_nothing_done(salt_functions)
 
 
 def test_luks_opened_opens_without_rewriting_a_header_that_has_the_flags(salt_functions, luks_lv):
@@ -982,9 +1039,9 @@ def test_luks_opened_opens_without_rewriting_a_header_that_has_the_flags(salt_fu
     ]
 
 
-def test_luks_opened_refreshes_a_mapping_whose_active_flags_differ(salt_functions, luks_lv):
+def test_luks_flags_refreshes_a_mapping_whose_active_flags_differ(salt_functions, luks_lv):
     luks_lv(header=STORED, table=["allow_discards", "no_read_workqueue"])
-    ret = states.luks_opened("hana_data", LV, KEY, FLAGS)
+    ret = states.luks_flags("hana_data", LV, KEY, FLAGS)
     assert ret["result"] is True
     assert argvs_run(salt_functions) == [
         ["cryptsetup", "refresh", "--key-file", KEY, *PERF_OPTIONS, "hana_data"]
@@ -994,9 +1051,9 @@ def test_luks_opened_refreshes_a_mapping_whose_active_flags_differ(salt_function
     }
 
 
-def test_luks_opened_refreshes_persistently_when_only_the_header_lacks_the_flags(salt_functions, luks_lv):
+def test_luks_flags_refreshes_persistently_when_only_the_header_lacks_the_flags(salt_functions, luks_lv):
     luks_lv(header=["allow-discards"], table=WANTED)
-    ret = states.luks_opened("hana_data", LV, KEY, FLAGS)
+    ret = states.luks_flags("hana_data", LV, KEY, FLAGS)
     assert ret["result"] is True
     assert argvs_run(salt_functions) == [
         ["cryptsetup", "refresh", "--key-file", KEY, *PERF_OPTIONS, "--persistent", "hana_data"]
@@ -1004,12 +1061,12 @@ def test_luks_opened_refreshes_persistently_when_only_the_header_lacks_the_flags
     assert ret["changes"]["flags"]["persistent"] == {"old": ["allow-discards"], "new": STORED}
 
 
-def test_luks_opened_keeps_a_header_flag_it_does_not_manage_through_a_persistent_refresh(
+def test_luks_flags_keeps_a_header_flag_it_does_not_manage_through_a_persistent_refresh(
     salt_functions, luks_lv
 ):
     # --persistent stores exactly the flags given: the admin's same-cpu-crypt must be among them
     luks_lv(header=["allow-discards", "same-cpu-crypt"], table=[*WANTED, "same_cpu_crypt"])
-    ret = states.luks_opened("hana_data", LV, KEY, FLAGS)
+    ret = states.luks_flags("hana_data", LV, KEY, FLAGS)
     assert ret["result"] is True
     assert argvs_run(salt_functions) == [
         [
@@ -1025,11 +1082,11 @@ def test_luks_opened_keeps_a_header_flag_it_does_not_manage_through_a_persistent
     assert ret["changes"]["flags"]["persistent"] == {"old": ["allow-discards"], "new": STORED}
 
 
-def test_luks_opened_leaves_a_mapping_alone_when_table_and_header_agree(salt_functions, luks_lv):
+def test_luks_flags_leaves_a_mapping_alone_when_table_and_header_agree(salt_functions, luks_lv):
     luks_lv(header=STORED, table=[*WANTED, "same_cpu_crypt"])  # a flag it does not manage stays
-    ret = states.luks_opened("hana_data", LV, KEY, FLAGS)
+    ret = states.luks_flags("hana_data", LV, KEY, FLAGS)
     assert ret["result"] is True and ret["changes"] == {}
-    assert ret["comment"] == f"hana_data is open with flags {WANTED} (active and persistent)"
+    assert ret["comment"] == f"hana_data runs with flags {WANTED} (active and stored)"
     assert_nothing_done(salt_functions)
 
 
@@ -1047,9 +1104,9 @@ def test_luks_opened_refuses_a_mapping_of_another_device(salt_functions, luks_lv
 
 
 @pytest.mark.parametrize("table", [None, ["allow_discards"]], ids=["closed", "open-with-other-flags"])
-def test_luks_opened_in_test_mode_opens_and_refreshes_nothing(salt_functions, luks_lv, dry_run, table):
+def test_luks_opened_and_flags_in_test_mode_open_and_refresh_nothing(salt_functions, luks_lv, dry_run, table):
     luks_lv(header=[], table=table)
-    ret = states.luks_opened("hana_data", LV, KEY, FLAGS)
+    ret = (states.luks_opened if table is None else states.luks_flags)("hana_data", LV, KEY, FLAGS)
     assert ret["result"] is None and ret["changes"] == {} and "would" in ret["comment"]
     assert_nothing_done(salt_functions)
 
@@ -1069,9 +1126,9 @@ def test_luks_opened_reports_a_failed_open(salt_functions, luks_lv):
     assert ret["comment"] == f"cryptsetup open {LV} failed: No key available with this passphrase."
 
 
-def test_luks_opened_leaves_a_header_flag_it_does_not_manage_alone(salt_functions, luks_lv):
+def test_luks_flags_leaves_a_header_flag_it_does_not_manage_alone(salt_functions, luks_lv):
     luks_lv(header=[*STORED, "same-cpu-crypt"], table=[*WANTED, "same_cpu_crypt"])
-    ret = states.luks_opened("hana_data", LV, KEY, FLAGS)
+    ret = states.luks_flags("hana_data", LV, KEY, FLAGS)
     assert ret["result"] is True and ret["changes"] == {}, ret
     assert_nothing_done(salt_functions)
 
@@ -1402,25 +1459,27 @@ def test_mounted_remount_in_test_mode_changes_nothing(salt_functions, mounted_at
 def real_headers(salt_functions):
     """The host module's own luks_header and header_backup, and commands that really run: the
     backups are real `cryptsetup luksHeaderBackup` files of a real LUKS2 image."""
-    import subprocess
-
-    import hana_storage_luks as luks
 
     spec = importlib.util.spec_from_file_location("host_module", REPO / "_modules" / "hana_storage_host.py")
     host = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(host)
-    host.__utils__ = {"hana_storage_luks.parse_header": luks.parse_header}
+    host.__utils__ = UTILS
+    host.__salt__ = {"cmd.run_all": run_cryptsetup}
     salt_functions["hana_storage_host.luks_header"] = MagicMock(side_effect=host.luks_header)
     salt_functions["hana_storage_host.header_backup"] = MagicMock(side_effect=host.header_backup)
-
-    def run_all(argv, **_kwargs):
-        if argv[0] != "cryptsetup":
-            return {"retcode": 0, "stdout": "", "stderr": ""}
-        done = subprocess.run(argv, capture_output=True, text=True)
-        return {"retcode": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
-
-    salt_functions["cmd.run_all"].side_effect = run_all
+    salt_functions["hana_storage_host.key_slots"] = MagicMock(side_effect=host.key_slots)
+    salt_functions["cmd.run_all"].side_effect = run_cryptsetup
     return host
+
+
+def run_cryptsetup(argv, **_kwargs):
+    """cmd.run_all that runs cryptsetup for real (on image files) and nothing else."""
+    import subprocess
+
+    if argv[0] != "cryptsetup":
+        return {"retcode": 0, "stdout": "", "stderr": ""}
+    done = subprocess.run(argv, capture_output=True, text=True)
+    return {"retcode": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
 
 
 def backup_state(host, backup, image):
@@ -1439,16 +1498,16 @@ def add_keyslot(image, keyfile):
     )
 
 
-def test_header_backed_up_makes_a_root_only_backup_then_keeps_it(real_headers, make_luks, tmp_path):
+def test_header_backed_up_makes_a_root_only_backup_then_keeps_it(real_headers, make_luks, keyfile, tmp_path):
     image, backup = make_luks(), tmp_path / "headers" / "hana_data.luks-header"
-    ret = states.header_backed_up(str(image), str(backup))
+    ret = states.header_backed_up(str(image), str(backup), str(keyfile))
     assert ret["result"] is True and ret["changes"] == {"header_backup": str(backup)}, ret
     assert "(the backup: none)" in ret["comment"]
     assert backup_state(real_headers, backup, image) is None
     assert (
         oct(backup.stat().st_mode & 0o777) == "0o400" and oct(backup.parent.stat().st_mode & 0o777) == "0o700"
     )
-    again = states.header_backed_up(str(image), str(backup))
+    again = states.header_backed_up(str(image), str(backup), str(keyfile))
     assert again["result"] is True and again["changes"] == {} and "is a current backup" in again["comment"]
 
 
@@ -1456,10 +1515,10 @@ def test_header_backed_up_replaces_a_backup_older_than_the_keyslots(
     real_headers, make_luks, keyfile, tmp_path
 ):
     image, backup = make_luks(), tmp_path / "hana_data.luks-header"
-    assert states.header_backed_up(str(image), str(backup))["result"] is True
+    assert states.header_backed_up(str(image), str(backup), str(keyfile))["result"] is True
     add_keyslot(image, keyfile)
     assert backup_state(real_headers, backup, image)["code"] == "stale"
-    ret = states.header_backed_up(str(image), str(backup))
+    ret = states.header_backed_up(str(image), str(backup), str(keyfile))
     assert ret["result"] is True and ret["changes"] == {"header_backup": str(backup)}
     assert backup_state(real_headers, backup, image) is None
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hana_data.luks-header"]  # the old one is gone
@@ -1468,32 +1527,32 @@ def test_header_backed_up_replaces_a_backup_older_than_the_keyslots(
 def test_header_backed_up_in_test_mode_writes_nothing(real_headers, make_luks, keyfile, tmp_path, opts):
     image, backup = make_luks(), tmp_path / "headers" / "hana_data.luks-header"
     opts["test"] = True
-    ret = states.header_backed_up(str(image), str(backup))
+    ret = states.header_backed_up(str(image), str(backup), str(keyfile))
     assert ret["result"] is None and ret["changes"] == {} and "would back up" in ret["comment"]
     assert not backup.parent.exists()
     opts["test"] = False
-    states.header_backed_up(str(image), str(backup))
+    states.header_backed_up(str(image), str(backup), str(keyfile))
     add_keyslot(image, keyfile)
     before = backup.read_bytes()
     opts["test"] = True
-    ret = states.header_backed_up(str(image), str(backup))
+    ret = states.header_backed_up(str(image), str(backup), str(keyfile))
     assert ret["result"] is None and "older than the header" in ret["comment"]
     assert backup.read_bytes() == before
 
 
-def test_header_backed_up_after_a_run_killed_before_its_rename(real_headers, make_luks, tmp_path):
+def test_header_backed_up_after_a_run_killed_before_its_rename(real_headers, make_luks, keyfile, tmp_path):
     image, backup = make_luks(), tmp_path / "hana_data.luks-header"
     (tmp_path / "hana_data.luks-header.new").write_bytes(b"half a header")
-    ret = states.header_backed_up(str(image), str(backup))
+    ret = states.header_backed_up(str(image), str(backup), str(keyfile))
     assert ret["result"] is True and backup_state(real_headers, backup, image) is None
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hana_data.luks-header"]
 
 
-def test_header_backed_up_refuses_a_directory_others_can_change(real_headers, make_luks, tmp_path):
+def test_header_backed_up_refuses_a_directory_others_can_change(real_headers, make_luks, keyfile, tmp_path):
     image, shared = make_luks(), tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)  # no sticky bit: anyone may swap what is in it
-    ret = states.header_backed_up(str(image), str(shared / "headers" / "hana_data.luks-header"))
+    ret = states.header_backed_up(str(image), str(shared / "headers" / "hana_data.luks-header"), str(keyfile))
     assert ret["result"] is False and ret["changes"] == {} and str(shared) in ret["comment"]
     assert not (shared / "headers").exists()
 
@@ -1502,32 +1561,36 @@ def test_header_backed_up_keeps_the_old_backup_when_the_header_changes_meanwhile
     real_headers, make_luks, keyfile, tmp_path, salt_functions
 ):
     image, backup = make_luks(), tmp_path / "hana_data.luks-header"
-    states.header_backed_up(str(image), str(backup))
+    states.header_backed_up(str(image), str(backup), str(keyfile))
     add_keyslot(image, keyfile)
     before = backup.read_bytes()
     header = real_headers.luks_header(str(image))
     # the live header read after the backup was made is another one (a keyslot added meanwhile)
-    salt_functions["hana_storage_host.luks_header"].side_effect = [header, dict(header, fingerprint="0" * 64)]
-    ret = states.header_backed_up(str(image), str(backup))
+    salt_functions["hana_storage_host.luks_header"].side_effect = [
+        header,
+        header,
+        dict(header, fingerprint="0" * 64),
+    ]
+    ret = states.header_backed_up(str(image), str(backup), str(keyfile))
     assert ret["result"] is False and "changed while it was backed up" in ret["comment"]
     assert backup.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hana_data.luks-header"]
 
 
 def test_tang_bound_backs_the_header_up_again_after_binding(
-    real_headers, make_luks, tmp_path, salt_functions
+    real_headers, make_luks, keyfile, tmp_path, salt_functions
 ):
     image, backup = make_luks(), tmp_path / "hana_data.luks-header"
-    ret = states.tang_bound(str(image), "/k", TANG, header_backup=str(backup))
+    ret = states.tang_bound(str(image), str(keyfile), TANG, header_backup=str(backup))
     assert ret["result"] is True, ret
     assert ret["changes"] == {
         "bound": {"servers": ["http://tang.example:7500"], "threshold": 1},
         "header_backup": str(backup),
     }
-    assert [argv[:3] for argv in argvs_run(salt_functions)] == [
-        ["clevis", "luks", "bind"],
-        ["cryptsetup", "luksHeaderBackup", str(image)],
-    ]
+    bind, backup_of_copy = argvs_run(salt_functions)
+    assert bind[:3] == ["clevis", "luks", "bind"]
+    assert backup_of_copy[:3] == ["cryptsetup", "luksHeaderBackup", backup_of_copy[2]]
+    assert backup_of_copy[2].startswith("/proc/")  # a copy of the header: the device is only read
     assert backup_state(real_headers, backup, image) is None
 
 
@@ -1698,3 +1761,183 @@ def test_previous_key_removed_in_test_mode_before_the_new_key_is_enrolled(salt_f
     ret = states.previous_key_removed(LV, rotation["new"], rotation["old"])
     assert ret["result"] is None and ret["comment"].startswith(f"would remove keyslots [0] of {LV}"), ret
     assert_nothing_done(salt_functions)
+
+
+# ---- issue 29: a header backup is never replaced by the damage it exists to undo ----------------
+
+
+def sha256(path):
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def cryptsetup_run(*args, check=True):
+    import subprocess
+
+    return subprocess.run(["cryptsetup", "-q", *args], capture_output=True, text=True, check=check)
+
+
+def restores_and_opens(tmp_path, image, backup, keyfile):
+    """A copy of ``image`` restored from ``backup`` opens with ``keyfile``."""
+    import shutil
+
+    copy = tmp_path / "restored.img"
+    shutil.copy(image, copy)
+    cryptsetup_run("luksHeaderRestore", str(copy), "--header-backup-file", str(backup))
+    return (
+        cryptsetup_run(
+            "open", "--test-passphrase", "--key-file", str(keyfile), str(copy), check=False
+        ).returncode
+        == 0
+    )
+
+
+@pytest.mark.parametrize("damage", ["luksErase", "luksFormat", "luksKillSlot"])
+def test_a_header_that_lost_what_its_backup_holds_never_replaces_it(
+    real_headers, make_luks, keyfile, tmp_path, damage
+):
+    """Regression (issue 29, item 1): the backup of a header erased by luksErase (or formatted
+    over by a stray luksFormat, or whose key's keyslot was killed) was called stale and replaced
+    by the damage: the only copy of the volume key behind the key was gone. Now it stays, the
+    state says to restore from it, and restoring it brings the key's access back."""
+    image, backup = make_luks(), tmp_path / "hana_data.luks-header"
+    other = tmp_path / "other.key"
+    other.write_bytes(b"o" * 64)
+    cheap = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"]
+    assert states.header_backed_up(str(image), str(backup), str(keyfile))["result"] is True
+    kept = backup.read_bytes()
+    if damage == "luksErase":
+        cryptsetup_run("luksErase", str(image))
+    elif damage == "luksFormat":
+        cryptsetup_run("luksFormat", "--type", "luks2", *cheap, "--key-file", str(other), str(image))
+    else:
+        cryptsetup_run("luksAddKey", *cheap, "--key-file", str(keyfile), str(image), str(other))
+        cryptsetup_run("luksKillSlot", "--key-file", str(other), str(image), "0")
+    ret = states.header_backed_up(str(image), str(backup), str(keyfile))
+    assert ret["result"] is False and ret["changes"] == {}, ret
+    assert "luksHeaderRestore" in ret["comment"] and str(backup) in ret["comment"]
+    assert backup.read_bytes() == kept
+    assert restores_and_opens(tmp_path, image, backup, keyfile)
+
+
+def test_keyslots_this_run_removed_let_the_backup_be_replaced(real_headers, make_luks, keyfile, tmp_path):
+    """A rotation's retire step (or a Tang rebinding) removes keyslots on purpose: the backup made
+    after it in the same run replaces the old one, proven by the new key."""
+    image, backup = make_luks(), tmp_path / "hana_data.luks-header"
+    new = tmp_path / "new.key"
+    new.write_bytes(b"n" * 64)
+    cheap = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"]
+    assert states.header_backed_up(str(image), str(backup), str(keyfile))["result"] is True
+    cryptsetup_run("luksAddKey", *cheap, "--key-file", str(keyfile), str(image), str(new))
+    cryptsetup_run("luksKillSlot", "--key-file", str(new), str(image), "0")
+    states.__running__ = {
+        "retire": {"__id__": "hana-storage-data-retire-0", "name": str(image), "result": True,
+                   "changes": {"removed": {"keyslots": [0]}}},
+    }  # fmt: skip
+    try:
+        ret = states.header_backed_up(str(image), str(backup), str(new))
+    finally:
+        del states.__running__
+    assert ret["result"] is True and ret["changes"] == {"header_backup": str(backup)}, ret
+    assert restores_and_opens(tmp_path, image, backup, new)
+
+
+def test_a_backup_holds_no_keyslot_nobody_accounts_for(real_headers, make_luks, keyfile, tmp_path):
+    """A passphrase added by hand (HANA-KEY-005) is not baked into the backup: the old one stays."""
+    image, backup = make_luks(), tmp_path / "hana_data.luks-header"
+    rogue = tmp_path / "rogue.key"
+    rogue.write_bytes(b"r" * 64)
+    assert states.header_backed_up(str(image), str(backup), str(keyfile))["result"] is True
+    kept = backup.read_bytes()
+    cheap = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"]
+    cryptsetup_run("luksAddKey", *cheap, "--key-file", str(keyfile), str(image), str(rogue))
+    ret = states.header_backed_up(str(image), str(backup), str(keyfile))
+    assert ret["result"] is False and "keyslots 1 of" in ret["comment"] and "HANA-KEY-005" in ret["comment"]
+    assert backup.read_bytes() == kept and not (tmp_path / "hana_data.luks-header.new").exists()
+
+
+def test_a_key_that_does_not_open_the_header_makes_no_backup(real_headers, make_luks, tmp_path):
+    image, backup = make_luks(), tmp_path / "hana_data.luks-header"
+    wrong = tmp_path / "wrong.key"
+    wrong.write_bytes(b"w" * 64)
+    ret = states.header_backed_up(str(image), str(backup), str(wrong))
+    assert ret["result"] is False and "does not open" in ret["comment"] and not backup.exists()
+
+
+def damaged_secondary(image):
+    """Flip a byte of the secondary header copy's JSON: the header is degraded (HANA-ENC-007)."""
+    data = bytearray(image.read_bytes())
+    data[16384 + 4096 + 10] ^= 0xFF
+    image.write_bytes(bytes(data))
+
+
+def test_a_backup_of_a_degraded_header_leaves_the_device_as_it_was(
+    real_headers, make_luks, keyfile, tmp_path
+):
+    """Regression (issue 29, item 2): luksHeaderBackup on the device repaired the damaged copy as
+    it loaded the header, erasing the evidence HANA-ENC-007 reports. The backup is made from a copy
+    of the header in memory now: not a byte of the device changes, and the backup is sound."""
+    image, backup = make_luks(), tmp_path / "hana_data.luks-header"
+    damaged_secondary(image)
+    assert real_headers.luks_header(str(image))["degraded"] is True
+    before = sha256(image)
+    ret = states.header_backed_up(str(image), str(backup), str(keyfile))
+    assert ret["result"] is True, ret
+    assert sha256(image) == before and real_headers.luks_header(str(image))["degraded"] is True
+    assert restores_and_opens(tmp_path, image, backup, keyfile)
+
+
+def test_tang_bound_binds_nothing_on_a_degraded_header(real_headers, make_luks, keyfile, salt_functions):
+    """Regression (issue 29, item 2): clevis luks bind tests the key on the device, and cryptsetup
+    repairs a damaged header copy as it loads it."""
+    image = make_luks()
+    damaged_secondary(image)
+    before = sha256(image)
+    ret = states.tang_bound(str(image), str(keyfile), TANG)
+    assert ret["result"] is False and "degraded" in ret["comment"] and ret["changes"] == {}
+    assert argvs_run(salt_functions) == [] and sha256(image) == before
+
+
+def test_clevis_runs_in_a_private_tmpdir_on_the_scratch_ramfs_that_is_removed(
+    salt_functions, monkeypatch, scratch
+):
+    """Regression (issue 29, item 2): Clevis copies the whole LUKS header into a mktemp -d under
+    /tmp and leaves it there when killed. Its TMPDIR is a private directory on a ramfs now,
+    removed afterwards, and one a killed run left is removed by the next."""
+    fake_paths(monkeypatch, present=[LV])
+    (scratch / "clevis-killed").mkdir()
+    (scratch / "clevis-killed" / "header.bak").write_bytes(b"a header copy")
+    seen = []
+
+    def clevis(argv, **kwargs):
+        seen.append(kwargs["env"]["TMPDIR"])
+        with open(os.path.join(kwargs["env"]["TMPDIR"], "luks-header"), "wb") as handle:
+            handle.write(b"a header copy")
+        return {"retcode": 0, "stdout": "", "stderr": ""}
+
+    salt_functions["cmd.run_all"].side_effect = clevis
+    ret = states.tang_bound(LV, "/k", TANG)
+    assert ret["result"] is True, ret
+    assert len(seen) == 1 and seen[0].startswith(str(scratch) + "/clevis-")
+    assert list(scratch.iterdir()) == []
+
+
+def test_pv_safe_closes_a_device_this_run_opened_only_to_look_inside(salt_functions, monkeypatch):
+    """Regression (issue 29, item 3): the refused device stayed open (and had its header rewritten
+    and a crypttab line added); the refusal's "Nothing was changed" was not true."""
+    device = "/dev/mapper/hana_data_0"
+    fake_paths(monkeypatch, present=[device])
+    salt_functions["hana_storage_host.probe"].return_value = {
+        device: probe(device, signatures=[{"type": "xfs"}])
+    }
+    states.__running__ = {"open": {"__id__": "hana-storage-data-open-0", "changes": {"opened": {}}}}
+    try:
+        ret = states.pv_safe(device, "vg_hana_data", opened_by="hana-storage-data-open-0")
+    finally:
+        del states.__running__
+    assert ret["result"] is False and argvs_run(salt_functions) == [["cryptsetup", "close", "hana_data_0"]]
+    assert ret["comment"].endswith(
+        "Nothing was written to any device; /dev/mapper/hana_data_0, opened by this run to look inside, "
+        "was closed again."
+    )

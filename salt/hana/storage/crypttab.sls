@@ -1,6 +1,7 @@
 # -*- coding: utf-8 -*-
 # vim: ft=sls
-# /etc/crypttab by LUKS UUID, with the options that reproduce the dm-crypt flags at boot.
+# /etc/crypttab by LUKS UUID, with the options that reproduce the dm-crypt flags at boot: only for
+# a device whose flags are stored, i.e. whose content the guard accepted (luks.sls).
 # Tang volumes (key file "none", _netdev) unlock at boot through Clevis's password agent once
 # the network is up: its path unit and remote-cryptsetup.target are enabled.
 # A key rotation (key:previous) ends here: once crypttab names the new key, the previous key's
@@ -18,7 +19,7 @@ hana-storage-{{ name }}-crypttab-{{ loop.index0 }}:
     - key_file: {{ volume.key.crypttab }}
     - options: {{ volume.crypttab_options | json }}
     - require:
-      - hana_storage: hana-storage-{{ name }}-open-{{ loop.index0 }}
+      - hana_storage: hana-storage-{{ name }}-flags-{{ loop.index0 }}
 {%-       if volume.key.previous %}
 
 hana-storage-{{ name }}-retire-{{ loop.index0 }}:

@@ -14,6 +14,9 @@ hana-storage-{{ name }}-mkfs:
     - stripes: {{ volume.stripes }}
     - mkfs_options: {{ volume.mkfs_options | json }}
     - may_wipe: {{ volume.may_format | length == volume.devices | length }}
+{%-     if above %}
+    - opened_by: hana-storage-{{ name }}-open-0
+{%-     endif %}
     - require:
       - hana_storage: hana-storage-{{ name }}-{{ 'open-0' if above else 'lv-active' }}
 {%-   endfor %}

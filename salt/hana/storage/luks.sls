@@ -1,11 +1,12 @@
 # -*- coding: utf-8 -*-
 # vim: ft=sls
-# LUKS2 format and open with the dm-crypt flags: on the LV (above LVM) or on each disk (below).
-# Below LVM, what an opened device holds is checked before pvcreate (lvm.sls) may wipe it.
-# A Tang volume's devices are bound with Clevis (the recovery key's keyslot stays). With
-# header_backup, each device's header is backed up once its keyslots and flags are in place.
-# While the key is rotated (key:previous), each device gets a keyslot for the new key before it
-# is opened; the previous key's goes once crypttab names the new key (crypttab.sls).
+# LUKS2 format and open: on the LV (above LVM) or on each disk (below). Nothing is written to a
+# device the key opens before what it holds is known: it is opened without storing the dm-crypt
+# flags, then looked inside (below LVM: pv_safe here, before pvcreate wipes; above LVM: the mkfs
+# state), and only then does it get a keyslot for a rotated key, a Clevis binding (Tang volumes;
+# the recovery key's keyslot stays), its flags stored in the header, a crypttab line and, with
+# header_backup, a proven header backup. While the key is rotated (key:previous), the previous
+# key's keyslot goes once crypttab names the new key (crypttab.sls).
 ---
 {%- from "hana/storage/map.jinja" import hana_storage with context %}
 {%- if hana_storage.valid %}
@@ -14,6 +15,9 @@
 {%-     set above = volume.encryption == 'above_lvm' %}
 {%-     set may_wipe = volume.may_format | length == volume.devices | length %}
 {%-     for crypt in volume.crypt %}
+{%-       set inside = 'mkfs' if above else 'inside-' ~ loop.index0 %}
+{%-       set rekeyed = 'rekey-' ~ loop.index0 if volume.key.previous else inside %}
+{%-       set bound = 'tang-' ~ loop.index0 if volume.key.source == 'tang' else rekeyed %}
 
 hana-storage-{{ name }}-luks-{{ loop.index0 }}:
   hana_storage.luks_formatted:
@@ -32,7 +36,29 @@ hana-storage-{{ name }}-luks-{{ loop.index0 }}:
 {%-       endif %}
     - require:
       - hana_storage: hana-storage-{{ name }}-{{ 'lv-active' if above else 'guard' }}
-{%-       set keyslots = 'rekey' if volume.key.previous else 'luks' %}
+
+hana-storage-{{ name }}-open-{{ loop.index0 }}:
+  hana_storage.luks_opened:
+    - name: {{ crypt.name }}
+    - device: {{ crypt.device }}
+    - key_file: {{ volume.key.file }}
+{%-       if volume.key.previous %}
+    - previous_key_file: {{ volume.key.previous.file }}
+{%-       endif %}
+    - flags: {{ luks.flags | json }}
+    - require:
+      - hana_storage: hana-storage-{{ name }}-luks-{{ loop.index0 }}
+{%-       if not above %}
+
+hana-storage-{{ name }}-inside-{{ loop.index0 }}:
+  hana_storage.pv_safe:
+    - name: /dev/mapper/{{ crypt.name }}
+    - vg: {{ volume.vg }}
+    - lv_dm_name: {{ volume.lv_dm_name }}
+    - opened_by: hana-storage-{{ name }}-open-{{ loop.index0 }}
+    - require:
+      - hana_storage: hana-storage-{{ name }}-open-{{ loop.index0 }}
+{%-       endif %}
 {%-       if volume.key.previous %}
 
 hana-storage-{{ name }}-rekey-{{ loop.index0 }}:
@@ -40,15 +66,15 @@ hana-storage-{{ name }}-rekey-{{ loop.index0 }}:
     - name: {{ crypt.device }}
     - key_file: {{ volume.key.file }}
     - previous_key_file: {{ volume.key.previous.file }}
-{%-       if volume.key.store == 'pillar' %}
+{%-         if volume.key.store == 'pillar' %}
     - key_pillar: {{ volume.key.pillar }}
-{%-       endif %}
-{%-       if volume.key.previous.store == 'pillar' %}
+{%-         endif %}
+{%-         if volume.key.previous.store == 'pillar' %}
     - previous_key_pillar: {{ volume.key.previous.pillar }}
-{%-       endif %}
+{%-         endif %}
     - pbkdf: {{ luks.pbkdf | json }}
     - require:
-      - hana_storage: hana-storage-{{ name }}-luks-{{ loop.index0 }}
+      - hana_storage: hana-storage-{{ name }}-{{ inside }}
 {%-       endif %}
 {%-       if volume.key.source == 'tang' %}
 
@@ -58,42 +84,38 @@ hana-storage-{{ name }}-tang-{{ loop.index0 }}:
     - key_file: {{ volume.key.file }}
     - tang: {{ volume.key.tang | json }}
     - header_backup: {{ crypt.header_backup | json }}
+{%-         if volume.key.previous %}
+    - previous_key_file: {{ volume.key.previous.file }}
+{%-         endif %}
     - require:
-      - hana_storage: hana-storage-{{ name }}-{{ keyslots }}-{{ loop.index0 }}
+      - hana_storage: hana-storage-{{ name }}-{{ rekeyed }}
 {%-       endif %}
 
-hana-storage-{{ name }}-open-{{ loop.index0 }}:
-  hana_storage.luks_opened:
+hana-storage-{{ name }}-flags-{{ loop.index0 }}:
+  hana_storage.luks_flags:
     - name: {{ crypt.name }}
     - device: {{ crypt.device }}
     - key_file: {{ volume.key.file }}
     - flags: {{ luks.flags | json }}
     - require:
-      - hana_storage: hana-storage-{{ name }}-{{ keyslots }}-{{ loop.index0 }}
+      - hana_storage: hana-storage-{{ name }}-{{ bound }}
 {%-       if crypt.header_backup %}
 
 hana-storage-{{ name }}-header-backup-{{ loop.index0 }}:
   hana_storage.header_backed_up:
     - name: {{ crypt.device }}
     - backup: {{ crypt.header_backup }}
-    - require:
-      - hana_storage: hana-storage-{{ name }}-open-{{ loop.index0 }}
-{%-         if volume.key.source == 'tang' %}
-      - hana_storage: hana-storage-{{ name }}-tang-{{ loop.index0 }}
+    - key_file: {{ volume.key.file }}
+{%-         if volume.key.previous %}
+    - previous_key_file: {{ volume.key.previous.file }}
 {%-         endif %}
+    - tang: {{ (volume.key.tang if volume.key.source == 'tang' else None) | json }}
+    - formatted_by: hana-storage-{{ name }}-luks-{{ loop.index0 }}
+    - require:
+      - hana_storage: hana-storage-{{ name }}-flags-{{ loop.index0 }}
 {%-         if volume.key.previous %}
       - hana_storage: hana-storage-{{ name }}-retire-{{ loop.index0 }}
 {%-         endif %}
-{%-       endif %}
-{%-       if not above %}
-
-hana-storage-{{ name }}-inside-{{ loop.index0 }}:
-  hana_storage.pv_safe:
-    - name: /dev/mapper/{{ crypt.name }}
-    - vg: {{ volume.vg }}
-    - lv_dm_name: {{ volume.lv_dm_name }}
-    - require:
-      - hana_storage: hana-storage-{{ name }}-open-{{ loop.index0 }}
 {%-       endif %}
 {%-     endfor %}
 {%-   endfor %}
