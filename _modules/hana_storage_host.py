@@ -388,6 +388,7 @@ def facts(plan, reuse_lvm=False):
         "mounts": mounts,
         "headers": headers,
         "previous_keys": _previous_key_facts(plan, devices, headers),
+        "lvm_scans": _lvm_scans_for(plan, devices),
         "superblocks": superblocks,
         "lvm": _lvm_segments(devices, reuse=reuse_lvm),
         "crypttab": _parsed_file("/etc/crypttab", "tab.parse_crypttab"),
@@ -398,6 +399,16 @@ def facts(plan, reuse_lvm=False):
         "crypto_drivers": _crypto_drivers(devices),
         "disks": {n: sorted(_kernel_name(d) for d in v["devices"]) for n, v in plan["volumes"].items()},
     }
+
+
+def _lvm_scans_for(plan, devices):
+    """What LVM scans (``_lvm_scans``, sorted), when a multipath map is on the host and a volume is
+    above LVM (its PVs are the maps); [] otherwise, without asking LVM."""
+    above = any(v["encryption"] == "above_lvm" for v in plan["volumes"].values())
+    if not above or not any(d["kind"] == "multipath" for d in devices.values()):
+        return []
+    scans = _lvm_scans()
+    return None if scans is None else sorted(scans)
 
 
 PREVIOUS_KEYS = "hana_storage_host.previous_keys"  # __context__: {(device, fingerprint, key file): fact}
@@ -594,6 +605,29 @@ def _pv_groups():
         return {}
 
 
+def _lvm_scans():
+    """The kernel names of every device LVM would scan (``pvs -a``), or None when it cannot be told."""
+    if not salt.utils.path.which("pvs"):
+        return None
+    text, error = _run(_util("lvm.pvs_command")(every_device=True))
+    if error:
+        log.warning("hana_storage: pvs -a failed: %s", error)
+        return None
+    try:
+        return {_kernel_name(pv["pv"]) for pv in _util("lvm.parse_pvs")(text)}
+    except ValueError as err:
+        log.warning("hana_storage: pvs -a output unreadable: %s", err)
+        return None
+
+
+def _multipath_paths(name):
+    """The paths (kernel names) of the multipath map ``name``, or [] for any other device."""
+    uuid = _read(f"{SYSFS_BLOCK}/{name}/dm/uuid").strip()
+    if not uuid.startswith(_util("stack.MULTIPATH_UUID_PREFIX")):
+        return []
+    return sorted(_listdir(f"{SYSFS_BLOCK}/{name}/slaves"))
+
+
 def _blkid(path):
     """(signatures, partition table type) from low-level probing (`blkid -p`)."""
     result = __salt__["cmd.run_all"](
@@ -777,6 +811,7 @@ def probe(devices, key_file=None):
     devices = [d for d in salt.utils.args.split_input(devices) if d]
     key_files = [k for k in ([key_file] if isinstance(key_file, str) else key_file or []) if k]
     groups = None  # one `pvs` for all devices, and only if one of them is a PV
+    scanned = False  # one `pvs -a` for all devices, and only if one of them is a multipath map
     mounts = _mounts()
     probes = {}
     for device in devices:
@@ -795,6 +830,7 @@ def probe(devices, key_file=None):
             "mountpoints": [],
             "data_at": None,
             "xfs": None,
+            "lvm_sees_paths": [],
         }
         probes[device] = result
         if not result["exists"]:
@@ -810,6 +846,11 @@ def probe(devices, key_file=None):
             _read(f"{SYSFS_BLOCK}/{h}/dm/name").strip() or h
             for h in _listdir(f"{SYSFS_BLOCK}/{name}/holders")
         ]
+        paths = _multipath_paths(name)
+        if paths:
+            scanned = _lvm_scans() if scanned is False else scanned
+            # LVM reading a LUN through its paths too sees every PV on it twice (duplicates)
+            result["lvm_sees_paths"] = None if scanned is None else sorted(set(paths) & scanned)
         result["signatures"], result["pttype"] = _blkid(path)
         if "LVM2_member" in [s["type"] for s in result["signatures"]]:
             groups = _pv_groups() if groups is None else groups

@@ -33,9 +33,23 @@ def lvs_command():
     ]
 
 
-def pvs_command():
-    """The `pvs` invocation parse_pvs reads."""
-    return ["pvs", *NO_SUSPENDED, "--reportformat", "json", "--units", "b", "--nosuffix", "-o", PVS_FIELDS]
+def pvs_command(every_device=False):
+    """The `pvs` invocation parse_pvs reads. ``every_device``: also the devices that are no PV
+    (``-a``): every device LVM would scan, after its filters, its devices file and its multipath
+    component detection."""
+    every = ["-a"] if every_device else []
+    return [
+        "pvs",
+        *NO_SUSPENDED,
+        *every,
+        "--reportformat",
+        "json",
+        "--units",
+        "b",
+        "--nosuffix",
+        "-o",
+        PVS_FIELDS,
+    ]
 
 
 def report_key(devices):

@@ -115,6 +115,7 @@ RULES = {
         "high", "a LUKS device or PV sits on one path of a multipath LUN, not on its map"
     ),
     "HANA-LAYOUT-006": Rule("medium", "the pillar names a device by a name that can change across boots"),
+    "HANA-LAYOUT-007": Rule("high", "LVM scans the paths of a multipath LUN whose map is a PV (duplicates)"),
     "HANA-PERSIST-001": Rule("high", "crypttab entry missing or different", CRYPTTAB),
     "HANA-PERSIST-002": Rule("medium", "fstab entry or live mount options differ", MOUNT),
     "HANA-KEY-001": Rule("high", "key file readable by others than root", KEY_FILE),
@@ -422,6 +423,7 @@ class VolumeAudit:
                 f"{self.volume['mountpoint']} uses {path}, one path of a multipath LUN: when that path "
                 "fails, I/O fails although the LUN is still reachable over the others",
             )
+        self._lvm_path_rules(info)
         if (
             info["layer"] in ("above_lvm", "below_lvm", "mixed")
             and info["layer"] != self.volume["encryption"]
@@ -437,6 +439,30 @@ class VolumeAudit:
         self._lv_rules(info, top_path)
         if mount and mount["fstype"] == "xfs":
             self._xfs_rules(top)
+
+    def _lvm_path_rules(self, info):
+        """Above LVM the PVs are the multipath maps: LVM must not reach the LUNs through their
+        paths too, or it sees every PV twice (``facts["lvm_scans"]``: what ``pvs -a`` lists)."""
+        if self.volume["encryption"] != "above_lvm" or "lvm_scans" not in self.facts:
+            return
+        scans = self.facts["lvm_scans"]
+        for name in info["devices"]:
+            device = self.devices[name]
+            if device["kind"] != "multipath":
+                continue
+            seen = None if scans is None else sorted(set(device["slaves"]) & set(scans))
+            if seen == []:
+                continue
+            self.add(
+                "HANA-LAYOUT-007",
+                device["path"],
+                "LVM scans the map, not its paths",
+                seen if seen is not None else "pvs -a failed: not known",
+                f"{device['path']}: LVM scans the paths of this multipath LUN too "
+                f"({', '.join(seen) if seen else 'pvs -a could not tell'}), so it sees every PV on it twice: "
+                "hide the paths from LVM (lvm.conf global_filter, multipath_component_detection with "
+                "the wwids file, or RHEL 9's devices file)",
+            )
 
     def _health_rules(self, info):
         suspended = [self.devices[n]["path"] for n in info["devices"] if self.devices[n]["suspended"]]

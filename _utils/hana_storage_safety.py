@@ -4,7 +4,7 @@ Pure code: decides from a probe the execution module made (``hana_storage.probe`
 A probe is ``{"device", "exists", "block", "signatures": [{"type", "usage"}], "pttype",
 "pv_vg", "luks": {"version", "uuid", "keyslots"} | None, "key_opens": bool | None,
 "key_error": str | None, "holders": [dm names], "mountpoints": [...], "data_at": int | None,
-"xfs": {...} | None}``. ``key_opens`` is False only when cryptsetup said "no key opens it" (its
+"xfs": {...} | None, "lvm_sees_paths": [paths of a multipath map that LVM scans] | None (not known)}``. ``key_opens`` is False only when cryptsetup said "no key opens it" (its
 exit code 2); a key test that failed for any other reason (out of memory, busy, ...) leaves it
 None and says why in ``key_error``. ``data_at`` is the first byte offset where the sampled areas
 (start, LUKS2/LVM secondary areas, middle, end, and a spread of windows) hold a non-zero byte.
@@ -17,7 +17,21 @@ made on ``code``; ``reason`` is for people.
 
 # Codes a wipe can never follow, whatever allow_format says: the device is live, absent, or
 # what is on it is not known (a key test that failed is not "the key does not open it").
-NEVER_WIPE = frozenset({"missing", "not_block", "mounted", "held", "key_test_failed", "key_not_tested"})
+NEVER_WIPE = frozenset(
+    {"missing", "not_block", "mounted", "held", "key_test_failed", "key_not_tested", "lvm_sees_paths"}
+)
+
+
+def lvm_sees_paths_reason(paths):
+    """Why a multipath map LVM also reaches through its paths cannot carry a PV, and the fix."""
+    seen = f"paths ({', '.join(paths)})" if paths else "paths (pvs -a could not tell which it scans)"
+    return (
+        f"is a multipath map whose {seen} LVM scans too: it would see every PV on the LUN twice and "
+        "refuse the volume group. Let LVM see only the maps first: in lvm.conf "
+        '`devices { global_filter = [ "a|^/dev/mapper/mpath|", "r|.*|" ] }`, or '
+        "multipath_component_detection = 1 with the LUN in /etc/multipath/wwids, or on RHEL 9 the "
+        "devices file (lvmdevices --adddev /dev/mapper/<map>)"
+    )
 
 
 def _verdict(device, verdict, code, reason):
@@ -56,6 +70,8 @@ def _foreign_disk(volume, probe):
     alien = [h for h in probe.get("holders", []) if h not in own_holders]
     if alien:
         return "held", f"in use by {', '.join(alien)}"
+    if above and probe.get("lvm_sees_paths", []) != []:  # None: not known, and unknown is not fine
+        return "lvm_sees_paths", lvm_sees_paths_reason(probe.get("lvm_sees_paths"))
     if probe.get("pttype"):
         return "partition_table", f"carries a {probe['pttype']} partition table"
     types = [s["type"] for s in probe.get("signatures", [])]

@@ -676,6 +676,7 @@ def test_every_rule_has_a_test():
         "HANA-KEY-002",
     }
     tested |= {"HANA-KEY-003", "HANA-KEY-004", "HANA-KEY-006", "HANA-KEY-007", "HANA-KEY-008"}
+    tested |= {"HANA-LAYOUT-007"}
     assert tested == set(rules.RULES)
 
 
@@ -691,6 +692,37 @@ def test_a_multipath_map_is_its_own_kind_and_its_paths_are_fine_behind_it():
     devices = stack.build_devices(sysfs, {}, [])
     assert devices["dm-9"]["kind"] == "multipath" and devices["dm-9"]["path"] == "/dev/mapper/mpatha"
     assert stack.direct_paths(devices, "dm-9") == []
+
+
+@pytest.mark.parametrize("scans,found", [(["sdb", "dm-9"], ["sdb"]), (["dm-9"], None), (None, "not known")])
+def test_lvm_scanning_the_paths_of_a_map_that_is_a_pv_is_layout_007(scans, found):
+    """Issue 29, item 15: above LVM on multipath maps, LVM must see the maps only (pvs -a)."""
+    sysfs = {
+        "dm-9": {"dev": "253:9", "size": 8, "slaves": ["sdb", "sdc"], "holders": [], "partition_of": None,
+                 "dm": {"name": "mpatha", "uuid": "mpath-3600a098038304437", "suspended": False}},
+        "sdb": {"dev": "8:16", "size": 8, "slaves": [], "holders": ["dm-9"], "partition_of": None, "dm": None},
+        "sdc": {"dev": "8:32", "size": 8, "slaves": [], "holders": ["dm-9"], "partition_of": None, "dm": None},
+    }  # fmt: skip
+    devices = stack.build_devices(sysfs, {}, [])
+    pillar = {
+        "key": PILLAR["key"],
+        "volumes": {"data": {"mountpoint": "/hana/data", "devices": ["/dev/mapper/mpatha"]}},
+    }
+    audit = rules.VolumeAudit(
+        plan_of(pillar), plan_of(pillar)["volumes"]["data"], {"devices": devices, "lvm_scans": scans}
+    )
+    audit._lvm_path_rules(stack.describe(devices, "dm-9"))
+    got = [(f["rule"], f["device"], f["actual"]) for f in audit.findings]
+    if found is None:
+        assert got == []
+    else:
+        assert got == [
+            (
+                "HANA-LAYOUT-007",
+                "/dev/mapper/mpatha",
+                found if found != "not known" else "pvs -a failed: not known",
+            )
+        ]
 
 
 def test_the_readmes_rule_table_is_the_rule_tables():

@@ -46,6 +46,7 @@ def probe(device="/dev/vda", **facts):
         "data_at": None,
         "key_error": None,
         "xfs": None,
+        "lvm_sees_paths": [],
     }
     return {**base, **facts}
 
@@ -151,6 +152,17 @@ CASES = [
         "crypto_LUKS",
     ),
     (
+        # issue 29, item 15: LVM sees the map's paths too: pvcreate ran on every map, then vgcreate
+        # failed on duplicates and every later apply failed alike
+        "map-whose-paths-lvm-scans",
+        "above_lvm",
+        {"lvm_sees_paths": ["sda", "sdi"]},
+        "refuse",
+        "paths (sda, sdi) LVM scans too",
+    ),
+    ("map-lvm-scan-unknown", "above_lvm", {"lvm_sees_paths": None}, "refuse", "could not tell"),
+    ("map-below-lvm-paths-scanned", "below_lvm", {"lvm_sees_paths": ["sda"]}, "use", "blank"),
+    (
         "pv-on-below-disk",
         "below_lvm",
         {"signatures": sig("LVM2_member"), "pv_vg": ""},
@@ -174,6 +186,7 @@ def test_allow_format_turns_refusal_into_wipe_but_never_for_live_devices():
     )
     assert safety.disk_verdict(allowed, probe(mountpoints=["/srv"]))["verdict"] == "refuse"
     assert safety.disk_verdict(allowed, probe(holders=["md0"]))["verdict"] == "refuse"
+    assert safety.disk_verdict(allowed, probe(lvm_sees_paths=["sda"]))["verdict"] == "refuse"
 
 
 def test_safe_mode_off_allows_every_pillar_device():
