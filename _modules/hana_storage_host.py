@@ -298,8 +298,8 @@ def _header_backup_facts(plan):
 def header_backup(path):
     """
     What a LUKS header backup file holds, read-only: ``{"exists", "mode", "uid", "uuid",
-    "fingerprint", "keyslots": [{"id", "fingerprint"}], "mtime"}``, or ``{"exists", "error"}`` (a
-    symlink is not a backup the formula made).
+    "fingerprint", "keyslots": [{"id", "fingerprint"}], "tokens": [its Clevis tokens], "mtime"}``, or
+    ``{"exists", "error"}`` (a symlink is not a backup the formula made).
     The fingerprint is the one ``luks_header`` gives the live header while they agree.
 
     CLI Example:
@@ -326,6 +326,7 @@ def header_backup(path):
         "uuid": header["uuid"],
         "fingerprint": header["fingerprint"],
         "keyslots": [{"id": k["id"], "fingerprint": k["fingerprint"]} for k in header["keyslots"]],
+        "tokens": [t for t in header.get("tokens", []) if t["type"] == "clevis"],
         "mtime": info.st_mtime,
     }
 

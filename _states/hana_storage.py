@@ -686,11 +686,11 @@ def header_backed_up(name, backup, key_file, previous_key_file=None, tang=None, 
             )
         return _done(ret, f"{name}: {error}", result=False)
     fact = __salt__["hana_storage_host.header_backup"](backup)
-    problem = _util("rules.header_backup_problem")(fact, live)
+    problem = _util("rules.header_backup_problem")(fact, live, tang)
     if problem is None:
         return _done(ret, f"{backup} is a current backup of the LUKS header of {name}")
     if problem["rule"] == "HANA-KEY-007" and not _changed_in_this_run(
-        name, problem, fact, live, formatted_by
+        name, problem, fact, live, formatted_by, tang
     ):
         return _done(
             ret,
@@ -710,7 +710,7 @@ def header_backed_up(name, backup, key_file, previous_key_file=None, tang=None, 
     return _done(ret, f"{done} (the backup: {problem['text']})", header_backup=backup)
 
 
-def _changed_in_this_run(device, problem, fact, live, formatted_by):
+def _changed_in_this_run(device, problem, fact, live, formatted_by, tang=None):
     """Did this run itself make the change that sets ``device``'s header apart from its backup?"""
     running = (globals().get("__running__") or {}).values()
     if problem["code"] == "other_device":
@@ -724,7 +724,7 @@ def _changed_in_this_run(device, problem, fact, live, formatted_by):
         for change in ("removed", "unbound")
         for slot in ((r.get("changes") or {}).get(change) or {}).get("keyslots", [])
     }
-    return set(_util("rules.lost_keyslots")(fact, live)) <= removed
+    return set(_util("rules.lost_keyslots")(fact, live, tang)) <= removed
 
 
 def _back_up_header(device, backup, key_file, previous_key_file=None, tang=None):

@@ -180,7 +180,7 @@ def tang_binding_matches(binding, tang):
     return tang_binding_verdict(binding, tang) == "matches"
 
 
-def header_backup_problem(fact, header):
+def header_backup_problem(fact, header, tang=None):
     """What is wrong with a header backup (hana_storage_host.header_backup) of the live LUKS
     ``header``: None, or {"code", "text", "rule"}.
 
@@ -189,7 +189,9 @@ def header_backup_problem(fact, header):
     or flags since), ``exposed``. HANA-KEY-007 (manual: never replaced automatically, the backup
     may be the only way back): ``other_device`` (another UUID: a stray luksFormat) or
     ``keyslots_lost`` (keyslots the backup holds are gone from the header: erased, killed or
-    overwritten, or removed on purpose by a rotation killed before its new backup)."""
+    overwritten, or removed on purpose by a rotation killed before its new backup). A lost
+    keyslot of a Clevis binding to the pillar's ``tang`` servers loses no access (the recovery
+    key's keyslot holds the key): binding again restores it, so it is ``stale``."""
     if not fact["exists"]:
         return {"code": "missing", "text": "none", "rule": "HANA-KEY-006"}
     if "error" in fact:
@@ -200,7 +202,7 @@ def header_backup_problem(fact, header):
             "text": f"the header of another LUKS device (UUID {fact['uuid']}; the device's is {header['uuid']})",
             "rule": "HANA-KEY-007",
         }
-    lost = lost_keyslots(fact, header)
+    lost = lost_keyslots(fact, header, tang)
     if lost:
         return {
             "code": "keyslots_lost",
@@ -223,10 +225,16 @@ def header_backup_problem(fact, header):
     return None
 
 
-def lost_keyslots(fact, header):
-    """The ids (in the backup) of the keyslots a header backup holds that the live ``header`` lacks."""
+def lost_keyslots(fact, header, tang=None):
+    """The ids (in the backup) of the keyslots a header backup holds that the live ``header``
+    lacks, but for those of the backup's Clevis bindings to the pillar's ``tang`` servers."""
     live = {k.get("fingerprint") for k in header.get("keyslots", [])}
-    return [k["id"] for k in fact.get("keyslots", []) if k["fingerprint"] not in live]
+    rebindable = pillar_clevis_keyslots({"tokens": fact.get("tokens", [])}, tang)
+    return [
+        k["id"]
+        for k in fact.get("keyslots", [])
+        if k["fingerprint"] not in live and str(k["id"]) not in rebindable
+    ]
 
 
 def pillar_clevis_keyslots(header, tang):
@@ -675,7 +683,8 @@ class VolumeAudit:
         if not backup:
             return
         fact = self.facts.get("header_backups", {}).get(backup, {"exists": False})
-        problem = header_backup_problem(fact, header)
+        key = self.volume["key"]
+        problem = header_backup_problem(fact, header, key["tang"] if key["source"] == "tang" else None)
         if problem is None:
             return
         if problem["rule"] == "HANA-KEY-007":

@@ -883,3 +883,36 @@ def test_only_the_pillars_clevis_keyslot_is_exempt_from_the_kdf_rule(tang_server
     # and a binding on a volume that names no Tang opens it without the key store
     assert unaccounted["rule"] == "HANA-KEY-005"
     assert unaccounted["actual"] == ["keyslot 0", "keyslot 1 (token clevis)"]
+
+
+def test_a_lost_tang_binding_is_a_stale_backup_not_a_lost_key(tang_servers, tmp_path):
+    """A Clevis binding to the pillar's servers removed since the backup loses no access (the
+    recovery key's keyslot holds the key) and binding again restores it: HANA-KEY-006, auto. The
+    recovery key's own keyslot lost is HANA-KEY-007."""
+    first, _ = tang_servers
+    key = tang_key(first)
+    bound = bound_header(tmp_path, plan_of(tang_pillar(key))["volumes"]["data"]["key"]["tang"])
+    backup = backup_of(bound, tokens=[t for t in bound["tokens"] if t["type"] == "clevis"])
+    pillar = tang_pillar(key)
+    pillar["header_backup"] = {"directory": BACKUPS}
+
+    def backup_rules(live):
+        facts = tang_facts(bound)
+        facts["headers"]["dm-0"] = dict(facts["headers"]["dm-0"], **live)
+        facts["header_backups"] = {
+            f"{BACKUPS}/{c}.luks-header": {"exists": False} for c in ("hana_log_0", "hana_log_1")
+        }
+        facts["header_backups"][f"{BACKUPS}/hana_data.luks-header"] = backup
+        return sorted(
+            (f["rule"], f["volume"])
+            for f in rules.audit(plan_of(pillar), facts)["findings"]
+            if f["rule"] in ("HANA-KEY-006", "HANA-KEY-007") and f["volume"] == "data"
+        )
+
+    recovery, clevis = bound["keyslots"][0], bound["keyslots"][1]
+    same = {"uuid": bound["uuid"], "fingerprint": bound["fingerprint"], "keyslots": bound["keyslots"]}
+    assert backup_rules(same) == []
+    unbound = {**same, "fingerprint": "0" * 64, "keyslots": [recovery], "tokens": []}
+    assert backup_rules(unbound) == [("HANA-KEY-006", "data")]
+    lost_recovery = {**same, "fingerprint": "0" * 64, "keyslots": [clevis]}
+    assert backup_rules(lost_recovery) == [("HANA-KEY-007", "data")]

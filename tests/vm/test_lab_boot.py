@@ -30,7 +30,7 @@ CRYPTS = ["hana_data", "hana_log_0", "hana_log_1", "hana_shared", "hana_backup"]
 DATA_LV = "/dev/vg_hana_data/lv_hana_data"
 SHARED_LV = "/dev/vg_hana_shared/lv_hana_shared"
 BACKUPS = "/etc/hana-storage/luks-headers"  # the guest's /var is the host's, read-only
-STALE = "older than the header: its keyslots, tokens or segments changed since"
+STALE = "older than the header: keyslots, tokens or flags were added since"
 TANG_CRYPTS = {
     "hana_log_0": "/dev/vde",
     "hana_log_1": "/dev/vdf",
