@@ -389,6 +389,7 @@ def facts(plan, reuse_lvm=False):
         "mounts": mounts,
         "headers": headers,
         "previous_keys": _previous_key_facts(plan, devices, headers),
+        "closed_headers": _closed_headers(plan, devices),
         "lvm_scans": _lvm_scans_for(plan, devices),
         "superblocks": superblocks,
         "lvm": _lvm_segments(devices, reuse=reuse_lvm),
@@ -400,6 +401,27 @@ def facts(plan, reuse_lvm=False):
         "crypto_drivers": _crypto_drivers(devices),
         "disks": {n: sorted(_kernel_name(d) for d in v["devices"]) for n, v in plan["volumes"].items()},
     }
+
+
+def _closed_headers(plan, devices):
+    """{crypt name: LUKS summary of its device} for the plan's crypt devices that are not open and
+    hold a LUKS header (read-only: the first bytes of the device), so an erased or replaced header
+    is seen while its volume is shut down too."""
+    open_names = {d["dm_name"] for d in devices.values() if d["kind"] == "crypt"}
+    by_dev = {d["dev"]: name for name, d in devices.items()}
+    headers = {}
+    for volume in plan["volumes"].values():
+        for crypt in volume["crypt"]:
+            if crypt["name"] in open_names or not crypt.get("header_backup"):
+                continue
+            try:
+                rdev = os.stat(crypt["device"]).st_rdev
+            except OSError:
+                continue
+            name = by_dev.get(f"{os.major(rdev)}:{os.minor(rdev)}")
+            if name and not devices[name]["suspended"]:
+                headers[crypt["name"]] = _header_of(name)
+    return headers
 
 
 def _lvm_scans_for(plan, devices):

@@ -360,6 +360,7 @@ class VolumeAudit:
                 f"{volume['mountpoint']} is mounted from {mount['source']} ({mount['fstype']}), "
                 "which is not an encrypted block device",
             )
+        self._closed_crypt_rules()
         self._crypttab_rules()
         self._fstab_rules(top, mount)
         self._key_rules()
@@ -673,6 +674,17 @@ class VolumeAudit:
                 "the key store",
             )
         return fact
+
+    def _closed_crypt_rules(self):
+        """A crypt device of the plan that is not open (a volume shut down, a host before Salt
+        opened it) still has its header on its device (``facts["closed_headers"]``, by crypt
+        name): its backup is judged as for an open one. An erased header is damage whether or not
+        the volume is open."""
+        open_names = {d["dm_name"] for d in self.devices.values() if d["kind"] == "crypt"}
+        for crypt in self.volume["crypt"]:
+            header = self.facts.get("closed_headers", {}).get(crypt["name"])
+            if crypt["name"] not in open_names and header and "error" not in header:
+                self._header_backup_rules(f"/dev/mapper/{crypt['name']}", crypt["name"], header)
 
     def _header_backup_rules(self, path, crypt_name, header):
         """The LUKS header is the only copy of the volume key behind the keyslots: with

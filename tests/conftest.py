@@ -38,3 +38,9 @@ def pytest_sessionfinish(session, exitstatus):
     handler = impl.get_temp_handler()
     if handler is not None:
         handler.sync_with_handlers([])
+
+
+def pytest_configure(config):
+    from tests.support.budget import ModuleBudget
+
+    config.pluginmanager.register(ModuleBudget(), "hana-storage-module-budget")

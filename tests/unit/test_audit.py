@@ -916,3 +916,18 @@ def test_a_lost_tang_binding_is_a_stale_backup_not_a_lost_key(tang_servers, tmp_
     assert backup_rules(unbound) == [("HANA-KEY-006", "data")]
     lost_recovery = {**same, "fingerprint": "0" * 64, "keyslots": [clevis]}
     assert backup_rules(lost_recovery) == [("HANA-KEY-007", "data")]
+
+
+def test_an_erased_header_of_a_closed_volume_is_key_007():
+    """Issue 29, item 1: with the volume shut down the audit said only HANA-MOUNT-001; the header
+    of a closed crypt device of the plan is read from its device and judged against its backup."""
+    facts = compliant()
+    live = facts["headers"]["dm-0"]
+    backup = backup_of(live)
+    pillar = with_header_backups()
+    for name in [n for n, d in facts["devices"].items() if d["dm_name"] == "hana_data"]:
+        del facts["devices"][name]  # closed
+    facts["closed_headers"] = {"hana_data": dict(live, keyslots=[], fingerprint="0" * 64)}
+    facts["header_backups"] = {f"{BACKUPS}/hana_data.luks-header": backup}
+    found = {(f["rule"], f["device"]) for f in rules.audit(plan_of(pillar), facts)["findings"]}
+    assert ("HANA-KEY-007", "/dev/mapper/hana_data") in found, found

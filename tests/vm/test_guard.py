@@ -9,7 +9,11 @@ One boot, six disks, each prepared with what a careful review found the guard le
 - vdc: a PV of the volume's own VG whose existing LV holds plain dm-crypt data (no signature);
 - vdd: zeroed at the start, data 400 MiB in;
 - vde: LUKS2 the key opens, its secondary header copy damaged (cryptsetup repairs on load);
-- vdf: blank: the one volume that is built, with userspace-only mount options.
+- vdf: blank: the one volume that is built, with userspace-only mount options;
+- vdg, vdh: blank: a below-LVM volume with header backups, built, written to, closed, and then
+  its first disk's header erased (``cryptsetup luksErase``, issue 29): the audit says restore,
+  remediation and ``state.apply`` write nothing, the backup stays, and restoring it gives the
+  data back.
 
 Every refused disk keeps every byte (sha256 of the image on the host); read-only functions and
 ``test=True`` change no byte of any disk.
@@ -28,12 +32,13 @@ pytestmark = pytest.mark.vm
 
 KEY_FILE = "/run/hana-storage/keys/hana.key"
 OOM_MEMORY_KIB = 3 << 20  # more than the guest's 2 GiB: the key test cannot allocate it
-DISKS = {"oom": 0, "inner": 1, "plain": 2, "deep": 3, "degraded": 4, "good": 5}
+DISKS = {"oom": 0, "inner": 1, "plain": 2, "deep": 3, "degraded": 4, "good": 5, "erased": 6, "erased1": 7}
+BACKUPS = "/etc/hana-storage/luks-headers"  # the guest's /var is the host's, read-only
 GOOD_OPTIONS = ["noatime", "nodiratime", "logbsize=256k", "nofail", "x-systemd.device-timeout=30"]
 
 
 def dev(volume):
-    return f"/dev/vd{'abcdef'[DISKS[volume]]}"
+    return f"/dev/vd{'abcdefgh'[DISKS[volume]]}"
 
 
 def storage(vm, volumes):
@@ -45,10 +50,13 @@ def storage(vm, volumes):
         "deep": {"mountpoint": "/hana/deep", "devices": [dev("deep")]},
         "degraded": {"mountpoint": "/hana/degraded", "devices": [dev("degraded")], "encryption": "below_lvm"},
         "good": {"mountpoint": "/hana/good", "devices": [dev("good")], "mount_options": GOOD_OPTIONS},
-    }
+        "erased": {"mountpoint": "/hana/erased", "devices": [dev("erased"), dev("erased1")],
+                   "encryption": "below_lvm"},
+    }  # fmt: skip
     # allowed to be formatted: a failed key test must still never lead to a wipe
     everything["oom"]["allow_format"] = [dev("oom")]
-    layout["volumes"] = {name: everything[name] for name in volumes}
+    layout["volumes"] = {name: everything[name] for name in volumes if name in everything}
+    layout["header_backup"] = {"directory": BACKUPS}
     return yaml.safe_dump({"hana": {"storage": layout}})
 
 
@@ -84,11 +92,10 @@ def vm(request, tmp_path_factory):
         "head -c 64 /dev/urandom >/run/other.key\n"
         "cheap='--type luks2 --pbkdf pbkdf2 --pbkdf-force-iterations 1000'\n"
         f"dd if={vm.shared}/oom.hdr of={dev('oom')} bs=1M conv=notrunc,fsync status=none\n"
-        # vdb: the volume's key opens it, XFS with files inside; flags already persistent, so
-        # opening it writes nothing to the header
+        # vdb: the volume's key opens it, XFS with files inside, no flags stored in its header: an
+        # open --persistent would rewrite it (issue 29, item 3)
         f"cryptsetup luksFormat -q $cheap --key-file /run/lab.key {dev('inner')}\n"
-        f"cryptsetup open --key-file /run/lab.key --perf-no_read_workqueue --perf-no_write_workqueue "
-        f"--persistent {dev('inner')} prep\n"
+        f"cryptsetup open --key-file /run/lab.key {dev('inner')} prep\n"
         "mkfs.xfs -q /dev/mapper/prep && mkdir -p /run/x && mount /dev/mapper/prep /run/x\n"
         "seq 100000 >/run/x/data.txt && umount /run/x && cryptsetup close prep\n"
         # vdc: our VG, our LV name, plain dm-crypt data in it
@@ -108,7 +115,7 @@ def vm(request, tmp_path_factory):
         title="putting the reviewed cases on vda-vde",
     )
     vm.sums = {name: vm.checksum(index) for name, index in DISKS.items()}
-    vm.setup_salt(storage(vm, DISKS))
+    vm.setup_salt(storage(vm, [name for name in DISKS if name != "erased"]))
     return vm
 
 
@@ -154,10 +161,8 @@ def test_data_far_from_the_start_is_found(read_only_calls):
 
 @pytest.fixture(scope="module")
 def apply(vm, read_only_calls):
-    vm.set_pillar(storage(vm, [name for name in DISKS if name != "degraded"]))
-    result = vm.salt("state.apply hana.storage", title="state.apply: four disks to refuse, one to build")
-    vm.run("cryptsetup close hana_inner_0 2>/dev/null; sync", echo=False)
-    return result
+    vm.set_pillar(storage(vm, [name for name in DISKS if name not in ("degraded", "erased")]))
+    return vm.salt("state.apply hana.storage", title="state.apply: four disks to refuse, one to build")
 
 
 def test_refused_volumes_keep_every_byte(vm, apply):
@@ -170,10 +175,18 @@ def test_refused_volumes_keep_every_byte(vm, apply):
     }
     for state_id, words in expect.items():
         assert states[state_id]["result"] is False and words in states[state_id]["comment"], states[state_id]
-        assert "Nothing was changed" in states[state_id]["comment"]
+        assert (
+            "Nothing was changed" in states[state_id]["comment"]
+            or "Nothing was written to any device" in states[state_id]["comment"]
+        )
     assert not [s["__id__"] for s in states.values() if {"wiped", "formatted"} & set(s["changes"])
                 and not s["__id__"].startswith("hana-storage-good-")]  # fmt: skip
     assert unchanged(vm, ["oom", "inner", "plain", "deep"]) == []
+    # issue 29, item 3: the refused device was opened to look inside and closed again, not opened
+    # --persistent (its header rewritten) and left open, and no crypttab line makes a boot open it
+    assert vm.run("dmsetup info hana_inner_0", echo=False).rc != 0
+    assert "hana_inner" not in vm.run("cat /etc/crypttab", echo=False).output
+    assert "was closed again" in states["hana-storage-inner-inside-0"]["comment"]
     assert (
         "100000"
         in vm.run(
@@ -260,3 +273,54 @@ def test_a_header_under_reencryption_parses_and_audits_as_a_fact(vm, apply):
     )
     (state,) = crypttab.ret.values()
     assert state["result"] is True, state
+
+
+# ---- issue 29, item 1: an erased header is damage, never blank, and its backup stays ------------
+
+
+ERASED_LV = "/dev/vg_hana_erased/lv_hana_erased"
+
+
+@pytest.fixture(scope="module")
+def erased(vm, apply):
+    """The two-disk volume built with header backups, 24 MiB of data written and summed, closed
+    as at a shutdown, then its first disk's header erased (every keyslot)."""
+    vm.set_pillar(storage(vm, ["erased"]))
+    built = vm.salt("state.apply hana.storage", title="state.apply: a below-LVM volume with header backups")
+    assert built.retcode == 0, [s["comment"] for s in built.ret.values() if s["result"] is not True]
+    vm.run("head -c 24M /dev/urandom >/hana/erased/keep.bin && sync", check=True)
+    data = vm.run("sha256sum /hana/erased/keep.bin", check=True, echo=False).output.split()[0]
+    vm.run(
+        "umount /hana/erased && vgchange -q -an vg_hana_erased && cryptsetup close hana_erased_0 && "
+        f"cryptsetup close hana_erased_1 && cp {BACKUPS}/hana_erased_0.luks-header /run/backup-before && "
+        f"cryptsetup luksErase -q {dev('erased')} && sync",
+        check=True,
+        title="closing the volume, then cryptsetup luksErase on its first disk",
+    )
+    sums = {name: vm.checksum(DISKS[name]) for name in ("erased", "erased1")}
+    return {"data": data, "sums": sums}
+
+
+def test_an_erased_header_is_restored_from_its_backup_and_nothing_else_is_written(vm, erased):
+    audit = vm.salt("hana_storage.audit volumes=erased", check=True).ret
+    found = {(f["rule"], f["device"]) for f in audit["findings"]}
+    assert ("HANA-KEY-007", "/dev/mapper/hana_erased_0") in found, audit["findings"]  # read while closed
+    remediated = vm.salt("hana_storage.remediate", title="remediate: nothing of it is safe to fix").ret
+    assert not [f for f in remediated["fixed"] if f["volume"] == "erased"], remediated
+    applied = vm.salt("state.apply hana.storage", title="state.apply on the erased disk (no allow_format)")
+    guard = by_id(applied)["hana-storage-erased-guard"]
+    assert guard["result"] is False and "not one this formula began" in guard["comment"], guard
+    assert not [s["__id__"] for s in applied.ret.values() if s["changes"] and "erased" in s["__id__"]]
+    assert {name: vm.checksum(DISKS[name]) for name in ("erased", "erased1")} == erased["sums"]
+    assert vm.run(f"cmp {BACKUPS}/hana_erased_0.luks-header /run/backup-before", echo=False).rc == 0
+    # the README's restore: the backup brings the key's keyslot, and the data, back
+    vm.run(
+        f"cryptsetup luksHeaderRestore -q {dev('erased')} --header-backup-file {BACKUPS}/hana_erased_0.luks-header",
+        check=True,
+        title="restoring the erased header from its backup",
+    )
+    again = vm.salt("state.apply hana.storage", title="state.apply: opens and mounts what was restored")
+    assert again.retcode == 0, [s["comment"] for s in again.ret.values() if s["result"] is not True]
+    assert (
+        vm.run("sha256sum /hana/erased/keep.bin", check=True, echo=False).output.split()[0] == erased["data"]
+    )

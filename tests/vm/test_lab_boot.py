@@ -191,6 +191,51 @@ def test_key_findings_are_found_and_the_auto_ones_remediated(vm, built, tang):
     only_the_generic_driver(audit(vm))
 
 
+# How each auto rule is broken on the built lab layout; KEY-002 and KEY-004 are broken (a binding
+# removed, Tang's keys rotated) and fixed in the test above. Every auto rule of the rule table
+# must be here: a new auto rule without a fix proven on a real minion fails the suite.
+BREAKERS = {
+    "HANA-PERF-002": f"cryptsetup refresh --key-file {KEY_FILE} hana_shared",  # active flags dropped
+    "HANA-PERF-003": (  # stored flags dropped, active ones put back
+        f"cryptsetup refresh --persistent --key-file {KEY_FILE} hana_data && cryptsetup refresh "
+        f"--key-file {KEY_FILE} --perf-no_read_workqueue --perf-no_write_workqueue hana_data"
+    ),
+    "HANA-PERF-004": (  # discards on, the flags as they were
+        f"cryptsetup refresh --key-file {KEY_FILE} --allow-discards --perf-no_read_workqueue "
+        "--perf-no_write_workqueue hana_data"
+    ),
+    "HANA-PERSIST-001": "sed -i '/^hana_shared /d' /etc/crypttab",
+    "HANA-PERSIST-002": "mount -o remount,atime,diratime /hana/shared",
+    "HANA-KEY-001": f"chmod 0644 {KEY_FILE}",
+    "HANA-KEY-002": None,
+    "HANA-KEY-004": None,
+    "HANA-KEY-006": f"rm {BACKUPS}/hana_log_1.luks-header",
+}
+
+
+def test_every_auto_rules_fix_works_through_remediate_on_a_real_minion(vm, built):
+    """Regression (issue 29, item 14): the KEY-001 fix failed on every minion ("Pillar data must
+    be formatted as a dictionary"), and no test had run it. Each auto rule is broken, found by the
+    audit, fixed by hana_storage.remediate (the call triage makes) and gone from the audit after."""
+    import hana_storage_rules
+
+    assert set(BREAKERS) == set(hana_storage_rules.auto_rules())
+    vm.run(
+        "set -e\n" + "\n".join(shell for shell in BREAKERS.values() if shell),
+        check=True,
+        title=f"breaking {len([b for b in BREAKERS.values() if b])} auto rules on the lab layout",
+    )
+    found = {f["rule"] for f in audit(vm)["findings"]} - {"HANA-PERF-005"}
+    broken = {rule for rule, shell in BREAKERS.items() if shell}
+    assert found == broken, found
+    remediated = vm.salt("hana_storage.remediate", title="hana_storage.remediate: every auto rule").ret
+    assert {f["rule"] for f in remediated["fixed"]} == broken, remediated
+    assert remediated["failed"] == [] and remediated["remaining"] == [] and remediated["result"] is True, (
+        remediated
+    )
+    only_the_generic_driver(audit(vm))
+
+
 def test_a_destroyed_header_is_restored_from_its_backup(vm, built):
     """The README's restore procedure: the data behind a zeroed LUKS header comes back."""
     vm.run("head -c 4M /dev/urandom >/hana/shared/restore.bin && sync", check=True)

@@ -2,9 +2,11 @@
 
 Eight LUNs, each a disk image attached twice (two paths, the same serial), with a dm-multipath
 map per LUN named as multipathd names them (/dev/mapper/mpatha .. mpathh, dm UUID mpath-<wwid>);
-LVM sees only the maps (lvm.conf global_filter, as a real multipath host must). A ninth LUN has
+then LVM sees only the maps (lvm.conf global_filter, as a real multipath host must). A ninth LUN has
 no map: its paths stand for a host where multipath is not set up.
 
+- first without an LVM filter, as a host whose LVM also scans the paths (issue 29): the guard
+  refuses before anything is written, naming the paths and the fix, every LUN byte-identical;
 - above LVM: one LUKS2 on an LV striped -i 8 -I 128k over the eight maps;
 - below LVM: LUKS2 on each map, the opened devices as PVs, the LV striped over them;
 each built by state.apply, audited compliant, then closed and brought back the way the host
@@ -76,10 +78,36 @@ def vm(request):
         check=True,
         title="multipath maps over 8 LUNs",
     )
-    vm.write("/etc/lvm/lvm.conf", LVM_CONF)
     vm.run(f"echo {vm.key_b64()} | base64 -d >{KEY_FILE} && chmod 0400 {KEY_FILE}", check=True, echo=False)
     vm.setup_salt(pillar(vm, SEED_ABOVE))
     return vm
+
+
+@pytest.fixture(scope="module")
+def unfiltered(vm):
+    """An apply on a host whose LVM reads the LUNs through their paths as well as their maps:
+    without udev in the guest LVM cannot tell the paths for multipath components."""
+    sums = [vm.checksum(lun) for lun in range(LUNS)]
+    applied = vm.salt("state.apply hana.storage", title="state.apply with LVM scanning the paths too")
+    return applied, sums
+
+
+def test_lvm_seeing_the_paths_of_the_maps_is_refused_before_anything_is_written(vm, unfiltered):
+    """Regression (issue 29, item 15): every map was called blank, pvcreate ran on all of them,
+    then vgcreate failed on duplicate PVs, and every later apply failed alike."""
+    applied, sums = unfiltered
+    guard = next(s for s in applied.ret.values() if s["__id__"] == "hana-storage-data-guard")
+    assert guard["result"] is False and "LVM scans too" in guard["comment"], guard
+    assert "global_filter" in guard["comment"] and "lvmdevices" in guard["comment"]
+    assert f"{path(0, 0)[5:]}, {path(0, 1)[5:]}" in guard["comment"]  # the map's two paths, named
+    assert not [s["__id__"] for s in applied.ret.values() if s["changes"]]
+    assert [vm.checksum(lun) for lun in range(LUNS)] == sums
+    assert vm.run("pvs --noheadings 2>/dev/null | grep -c mpath", echo=False).output.strip() in ("", "0")
+
+
+@pytest.fixture(scope="module")
+def filtered(vm, unfiltered):
+    vm.write("/etc/lvm/lvm.conf", LVM_CONF)
 
 
 def test_each_lun_is_one_map_over_two_paths(vm):
@@ -91,7 +119,7 @@ def test_each_lun_is_one_map_over_two_paths(vm):
 
 
 @pytest.fixture(scope="module")
-def above(vm):
+def above(vm, filtered):
     return vm.salt("state.apply hana.storage", title="state.apply: above LVM, -i 8 -I 128k over 8 maps")
 
 
@@ -103,6 +131,16 @@ def test_above_lvm_on_eight_luns_builds_and_audits_compliant(vm, above):
     assert all(f"/dev/mapper/{m}(" in devices for m in MAPS), devices
     audit = vm.salt("hana_storage.audit", check=True).ret
     assert audit["compliant"] is True, [f["message"] for f in audit["findings"]]
+
+
+def test_lvm_scanning_the_paths_of_a_built_volume_is_layout_007(vm, above):
+    vm.run("mv /etc/lvm/lvm.conf /run/lvm.conf.kept", check=True, echo=False)
+    try:
+        audit = vm.salt("hana_storage.audit", check=True).ret
+    finally:
+        vm.run("mv /run/lvm.conf.kept /etc/lvm/lvm.conf", check=True, echo=False)
+    found = sorted(f["device"] for f in audit["findings"] if f["rule"] == "HANA-LAYOUT-007")
+    assert found == [f"/dev/mapper/{m}" for m in MAPS], audit["findings"]
 
 
 def boots_without_salt(vm, mountpoint, vg):
