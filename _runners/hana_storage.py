@@ -202,11 +202,36 @@ def _fire(tag, data):
     return False
 
 
+# What Salt's targeting reads as a list (",") or a glob ("*", "?", "[...]"), and whitespace: an id
+# with any of them is never one minion's id to triage, whatever its accepted key says.
+TARGET_CHARACTERS = frozenset(",*?[]")
+
+
+def _sender_problem(minion):
+    """Why ``minion`` (the id a tag names) cannot be a sender, or None: no id, an id that is a
+    target rather than an id (``bad_minion_id``), or no accepted key (``unknown_minion``)."""
+    if not minion:
+        return {"code": "unknown_minion", "reason": "the tag names no minion id"}
+    if (
+        TARGET_CHARACTERS.intersection(minion)
+        or any(c.isspace() for c in minion)
+        or not salt.utils.verify.valid_id(__opts__, minion)
+    ):
+        return {"code": "bad_minion_id", "reason": f"{minion[:100]!r} is not a valid minion id"}
+    if not os.path.isfile(_accepted_key(minion)):
+        return {"code": "unknown_minion", "reason": f"no accepted key for minion {minion!r}"}
+    return None
+
+
+def _accepted_key(minion):
+    return os.path.join(__opts__["pki_dir"], "minions", minion)
+
+
 def verify(tag, data):
     """
     Who sent a hana_storage beacon event: ``None`` when the minion named in the tag signed it
-    with its accepted key and it is fresh, else ``{"code", "reason"}`` (code: unknown_minion,
-    unsigned, bad_signature, stale).
+    with its accepted key and it is fresh, else ``{"code", "reason"}`` (code: bad_minion_id,
+    unknown_minion, unsigned, bad_signature, stale).
 
     CLI Example:
 
@@ -216,11 +241,10 @@ def verify(tag, data):
     """
     config = _config()
     minion, event = _util("events.minion_of_tag")(tag)
-    if not minion or not salt.utils.verify.valid_id(__opts__, minion):
-        return {"code": "unknown_minion", "reason": "the tag names no valid minion id"}
-    pub = os.path.join(__opts__["pki_dir"], "minions", minion)
-    if not os.path.isfile(pub):
-        return {"code": "unknown_minion", "reason": f"no accepted key for minion {minion!r}"}
+    problem = _sender_problem(minion)
+    if problem:
+        return problem
+    pub = _accepted_key(minion)
     signature = data.get("sig") if isinstance(data, dict) else None
     if not signature:
         if config["require_signature"]:
@@ -578,7 +602,7 @@ def _call_remediate(minion, rules):
     client = salt.client.get_local_client(mopts=__opts__)
     try:
         return client.cmd(
-            minion,
+            [minion],  # a list of one: an id is never read as a list or a pattern
             "hana_storage.remediate",
             kwarg={"rules": rules},
             tgt_type="list",

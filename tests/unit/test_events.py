@@ -385,7 +385,7 @@ def test_forgeries_are_rejected(runner, pki):
             "bad_signature",
         ),
         "unknown minion": ("salt/beacon/ghost/hana_storage/violation", genuine, "unknown_minion"),
-        "glob as id": ("salt/beacon/*/hana_storage/violation", genuine, "unknown_minion"),
+        "glob as id": ("salt/beacon/*/hana_storage/violation", genuine, "bad_minion_id"),
         "garbage signature": (
             "salt/beacon/db1/hana_storage/violation",
             {**genuine, "sig": "@@"},
@@ -1241,3 +1241,39 @@ def test_each_thread_keeps_one_bus_connection_and_drops_a_failed_one(runner, mon
     monkeypatch.setattr(fresh.salt.utils.event, "get_master_event", connect)
     assert [fresh._send("t", {}) for _ in range(4)] == [True, True, False, True]
     assert len(made) == 2 and made[0].destroyed and not made[1].destroyed
+
+
+# ---- minion ids that are targets, not ids (issue 29, item 5) ----------------------------------------
+
+
+@pytest.mark.parametrize("minion", ["evil,db2", "db*", "db?", "db[12]", "db 2", "db\t2", " db2"])
+def test_an_id_with_list_or_glob_characters_is_rejected_before_anything(runner, pki, keys, minion):
+    """Regression (issue 29, item 5): an accepted minion ``evil,db2`` signed its own violation of an
+    auto rule, and triage targeted ``"evil,db2"`` as a list: db2 ran hana_storage.remediate."""
+    (pki / "minions" / minion).write_text(keys["db1"][1])  # accepted, with db1's key pair
+    (pki / f"{minion}.pem").write_text(keys["db1"][0])
+    tag = f"salt/beacon/{minion}/hana_storage/violation"
+    data = violation(pki, minion, finding(), time.time())
+    assert runner.verify(tag, data)["code"] == "bad_minion_id"
+    result = runner.triage(tag, data)
+    assert (result["action"], result["code"]) == ("rejected", "bad_minion_id")
+    assert runner.remediate_calls == []
+
+
+def test_remediate_targets_a_list_of_one_id(runner, monkeypatch):
+    """The id is one element of the target list, never a list spelled as text."""
+    fresh = load("_runners/hana_storage.py", "runner_targeting")
+    fresh.__opts__ = runner.__opts__
+    calls = []
+
+    class Client:
+        def cmd(self, tgt, fun, **kwargs):
+            calls.append((tgt, fun, kwargs["tgt_type"]))
+            return {}
+
+        def destroy(self):
+            pass
+
+    monkeypatch.setattr(fresh.salt.client, "get_local_client", lambda **kwargs: Client())
+    fresh._call_remediate("db1", ["HANA-PERF-002"])
+    assert calls == [(["db1"], "hana_storage.remediate", "list")]
