@@ -10,8 +10,9 @@ Any minion can put any tag and data on the master's bus, so triage trusts nothin
 * whether a rule may be fixed automatically comes from the master's own rule table;
 * the fix runs on that minion only (``hana_storage.remediate``, target type ``list``: an id is never
   a pattern), and the minion re-audits before fixing anything;
-* one remediation or alert per minion and rule per cooldown, however many events arrive, and
-  never two for one occurrence of a finding (triage's store, ``hana_storage_store``: files under
+* one remediation per finding (minion, rule, volume, device) per cooldown, however many events
+  arrive; a manual finding is alerted at each occurrence; never two actions for one occurrence
+  of a finding (triage's store, ``hana_storage_store``: files under
   the master's cachedir, or Redis shared by hot masters; it holds across the reactor's threads,
   module reloads and master restarts);
 * what an action decided is never lost with its master: the alert or remediation event goes
@@ -45,7 +46,7 @@ event it counts), and so should any other consumer: ``salt-run hana_storage.veri
 Master configuration (``conf/master.d/hana-storage.conf``)::
 
     hana_storage:
-      cooldown: 300          # seconds between two actions for one minion and rule
+      cooldown: 300          # seconds between two remediations of one finding
       max_event_age: 600     # seconds: an older (or replayed) event is rejected
       require_signature: true
 """
@@ -287,8 +288,9 @@ def _claim(minion, rule, key, since, alert=None):
 
     "act" (this master holds it under a lease until it completes or releases it), "duplicate"
     (handled already: a repeated event, the other master's, or a reconciled one), "held" (another
-    claim's lease runs: its master is acting on it) or "cooldown" (an action for this rule within
-    the cooldown: not recorded, so the minion's next audit event brings it back).
+    claim's lease runs: its master is acting on it) or "cooldown" (a remediation of this finding
+    within the cooldown: not recorded, so the minion's next audit event brings it back). A manual
+    finding (``alert``) has no cooldown: each occurrence is alerted.
 
     With an ``alert`` (a manual rule's), acting is alerting: the same change of the store records
     the occurrence handled and adds the alert to the outbox, which is then delivered. A master
@@ -299,7 +301,7 @@ def _claim(minion, rule, key, since, alert=None):
     events = [_outbox_event(ALERT_TAG, alert)] if alert else []
 
     def decide(record, now):
-        verdict = claim(record, now, key, since, config["cooldown"], owner, lease)
+        verdict = claim(record, now, key, since, 0 if alert else config["cooldown"], owner, lease)
         if alert and verdict["verdict"] == "act":
             complete(record, key, since, owner)
         return verdict

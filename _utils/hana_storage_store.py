@@ -1,10 +1,10 @@
 """
 Where triage keeps what it has done, so that no occurrence of a finding is acted on twice: per
-minion and rule, the time of the last action (the cooldown), the occurrences handled, and the
-occurrences being handled now, each under a lease.
+minion and rule, the occurrences handled, the occurrences being handled now, each under a lease,
+and per finding the time of its last remediation (the cooldown).
 
-A record, ``{"at": time or None, "handled": {key: since}, "held": {key: {"since", "owner",
-"until"}}}``, changes only through the pure functions below (``claim``, ``renew``, ``complete``,
+A record, ``{"cooldown": {key: time}, "handled": {key: since}, "held": {key: {"since", "owner",
+"until"}}}`` (``key``: the finding's ``rule|volume|device``), changes only through the pure functions below (``claim``, ``renew``, ``complete``,
 ``release``), each inside one atomic read-modify-write of a store:
 
 * ``local`` (the default): a file per minion and rule under the master's cachedir, changed under
@@ -69,26 +69,28 @@ def failures():
 
 
 def empty():
-    return {"at": None, "handled": {}, "held": {}}
+    return {"cooldown": {}, "handled": {}, "held": {}}
 
 
 def load(text):
     """The record in ``text``; one that is empty, unreadable or of another shape is empty (it never
-    blocks an action). An older record held only the time, or no leases."""
+    blocks an action). An older record held one cooldown for the minion and rule (``at``, or the
+    record was only that time), or no leases: that cooldown names no finding, so it cools none."""
     try:
         loaded = json.loads(text) if text else {}
     except ValueError:
         loaded = {}
-    if isinstance(loaded, int | float) and not isinstance(loaded, bool):
-        loaded = {"at": loaded}
     if not isinstance(loaded, dict):
         return empty()
     record = empty()
-    if isinstance(loaded.get("at"), int | float) and not isinstance(loaded["at"], bool):
-        record["at"] = loaded["at"]
-    for field in ("handled", "held"):
+    for field in ("cooldown", "handled", "held"):
         if isinstance(loaded.get(field), dict):
             record[field] = loaded[field]
+    record["cooldown"] = {
+        key: at
+        for key, at in record["cooldown"].items()
+        if isinstance(at, int | float) and not isinstance(at, bool)
+    }
     record["held"] = {
         key: lease
         for key, lease in record["held"].items()
@@ -106,7 +108,8 @@ def claim(record, now, key, since, cooldown, owner, lease):
 
     Returns ``{"verdict": ...}``: "act" (it holds the occurrence until ``now + lease``),
     "duplicate" (handled already), "held" (another claim's lease runs; ``retry_in`` seconds) or
-    "cooldown" (an action for this rule within the cooldown).
+    "cooldown" (this finding was acted on within ``cooldown`` seconds: triage passes the cooldown
+    for a remediation, and 0 for an alert, which every occurrence gets).
     """
     if record["handled"].get(key) == since:
         return {"verdict": "duplicate"}
@@ -114,9 +117,12 @@ def claim(record, now, key, since, cooldown, owner, lease):
     taking_over = held is not None and held.get("since") == since
     if taking_over and held["until"] > now:
         return {"verdict": "held", "retry_in": round(held["until"] - now, 3)}
-    if not taking_over and record["at"] is not None and record["at"] <= now < record["at"] + cooldown:
+    # cooldowns that ran out are dropped: the record keeps one per finding cooling down now
+    record["cooldown"] = {k: at for k, at in record["cooldown"].items() if at <= now < at + cooldown}
+    if not taking_over and key in record["cooldown"]:
         return {"verdict": "cooldown"}
-    record["at"] = now
+    if cooldown > 0:
+        record["cooldown"][key] = now
     record["held"][key] = {"since": since, "owner": owner, "until": now + lease}
     return {"verdict": "act", "took_over": taking_over}
 
@@ -147,7 +153,7 @@ def release(record, key, owner, keep_cooldown):
         return False
     del record["held"][key]
     if not keep_cooldown:
-        record["at"] = None
+        record["cooldown"].pop(key, None)
     return True
 
 

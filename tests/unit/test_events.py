@@ -580,25 +580,51 @@ def test_the_audit_event_handles_a_lost_reaction_once(runner, pki):
     assert runner.triage(tag + "audit", forged)["action"] == "rejected"
 
 
-def test_a_finding_deferred_by_the_cooldown_is_handled_by_a_later_audit(runner, pki):
-    """One rule on two volumes within the cooldown: one alert now, the other after the cooldown."""
-    tag, now = "salt/beacon/db1/hana_storage/", time.time()
-    data, log = finding("HANA-ENC-001"), finding("HANA-ENC-001", "log", "/dev/vdc")
-    assert runner.triage(tag + "violation", violation(pki, "db1", data, now - 100))["action"] == "alerted"
-    assert runner.triage(tag + "violation", violation(pki, "db1", log, now - 98))["action"] == "cooldown"
-    summary = audit(pki, "db1", [(data, now - 100), (log, now - 98)])
-    assert [r["action"] for r in runner.triage(tag + "audit", summary)["findings"]] == [
-        "duplicate",
-        "cooldown",
-    ]
-    record = Path(runner.__opts__["cachedir"]) / "hana_storage" / "actions" / "db1@HANA-ENC-001"
+def cooldown_passed(runner, minion, rule):
+    """Move the cooldowns of a local record 301 s back: the runner's 300 s have passed."""
+    record = Path(runner.__opts__["cachedir"]) / "hana_storage" / "actions" / f"{minion}@{rule}"
     stored = json.loads(record.read_text())
-    record.write_text(json.dumps({**stored, "at": stored["at"] - 301}))  # the cooldown has passed
+    record.write_text(
+        json.dumps({**stored, "cooldown": {k: at - 301 for k, at in stored["cooldown"].items()}})
+    )
+
+
+def test_a_manual_finding_is_alerted_whatever_the_cooldown(runner, pki):
+    """Regression (issue 29, item 7): the cooldown was per minion and rule, so a HANA-KEY-005 alert
+    on one volume made the same rule on another volume, 5 s later, a ``cooldown``: not recorded,
+    and never alerted if gone by the next full audit. A manual finding is alerted every
+    occurrence (a repeated event of one occurrence stays a duplicate)."""
+    tag, now = "salt/beacon/db1/hana_storage/", time.time()
+    log = finding("HANA-KEY-005", "hana_log_0", "/dev/mapper/hana_log_0")
+    data = finding("HANA-KEY-005", "hana_data", "/dev/mapper/hana_data")
+    assert runner.triage(tag + "violation", violation(pki, "db1", log, now - 10))["action"] == "alerted"
+    assert runner.triage(tag + "violation", violation(pki, "db1", data, now - 5))["action"] == "alerted"
+    assert runner.triage(tag + "violation", violation(pki, "db1", data, now - 5))["action"] == "duplicate"
+    again = violation(pki, "db1", log, now)  # the same finding again: a new occurrence
+    assert runner.triage(tag + "violation", again)["action"] == "alerted"
+    alerts = [d["volume"] for t, d in runner.fired if t == "hana/storage/alert"]
+    assert alerts == ["hana_log_0", "hana_data", "hana_log_0"]
+
+
+def test_a_remediation_cools_down_its_finding_only(runner, pki):
+    """One auto rule on two volumes: both fixed at once. The same finding again within the
+    cooldown waits, and a later audit event fixes it once the cooldown has passed."""
+    tag, now = "salt/beacon/db1/hana_storage/", time.time()
+    data, log = finding("HANA-PERF-002"), finding("HANA-PERF-002", "log", "/dev/mapper/hana_log")
+    assert runner.triage(tag + "violation", violation(pki, "db1", data, now - 100))["action"] == "remediated"
+    assert runner.triage(tag + "violation", violation(pki, "db1", log, now - 98))["action"] == "remediated"
+    assert runner.triage(tag + "violation", violation(pki, "db1", data, now - 50))["action"] == "cooldown"
+    summary = audit(pki, "db1", [(data, now - 50), (log, now - 98)])
     assert [r["action"] for r in runner.triage(tag + "audit", summary)["findings"]] == [
+        "cooldown",
         "duplicate",
-        "alerted",
     ]
-    assert runner.fired[-1][1]["volume"] == "log"
+    cooldown_passed(runner, "db1", "HANA-PERF-002")
+    assert [r["action"] for r in runner.triage(tag + "audit", summary)["findings"]] == [
+        "duplicate",  # the log volume's (a remediation's result comes after the others)
+        "remediated",
+    ]
+    assert [c["minion"] for c in runner.remediate_calls] == ["db1"] * 3
 
 
 def test_an_audit_event_remediates_its_auto_findings_in_one_call(runner, pki):
@@ -809,11 +835,9 @@ def test_only_a_verified_fix_counts_anything_else_alerts_and_is_released(runner,
         KEY_FILE,
     )
     assert (alert["result"], alert["reason"], alert["remediation"]) == (result, reason, "auto")
-    # released: the same occurrence is not a duplicate; the alert keeps the rule's cooldown
+    # released: the same occurrence is not a duplicate; the alert keeps the finding's cooldown
     assert runner.triage(tag, event)["action"] == "cooldown"
-    record = Path(runner.__opts__["cachedir"]) / "hana_storage" / "actions" / "db1@HANA-KEY-001"
-    stored = json.loads(record.read_text())
-    record.write_text(json.dumps({**stored, "at": stored["at"] - 301}))  # the cooldown has passed
+    cooldown_passed(runner, "db1", "HANA-KEY-001")
     again = runner.triage("salt/beacon/db1/hana_storage/audit", audit(pki, "db1", [(key_finding(), since)]))
     assert [r["action"] for r in again["findings"]] == ["remediation-failed"]
     assert len(runner.remediate_calls) == 2

@@ -9,6 +9,7 @@ import hana_storage_store as store
 import pytest
 
 KEY, SINCE = "HANA-ENC-001|data|/dev/vdb", 1000.0
+OTHER = "HANA-ENC-001|log|/dev/vdc"  # the same rule on another volume
 
 
 # ---- the record (pure) ---------------------------------------------------------------------------
@@ -60,10 +61,35 @@ def test_an_unreadable_record_never_blocks_an_action(text):
     assert store.claim(record, 10.0, KEY, SINCE, 300, "a", 60)["verdict"] == "act"
 
 
-def test_an_older_record_keeps_its_cooldown():
-    assert store.load("1234.5") == {**store.empty(), "at": 1234.5}
+def test_an_older_record_loads_without_its_rules_cooldown():
+    """A record from before the cooldown per finding held one time per minion and rule (``at``, or
+    the record was that number): it says not which finding it cooled, so it cools none."""
+    assert store.load("1234.5") == store.empty()
     old = store.load(json.dumps({"at": 5.0, "handled": {KEY: SINCE}}))
-    assert old["held"] == {} and store.claim(old, 6.0, KEY, SINCE, 300, "a", 60) == {"verdict": "duplicate"}
+    assert old == {**store.empty(), "handled": {KEY: SINCE}}
+    assert store.claim(old, 6.0, KEY, SINCE, 300, "a", 60) == {"verdict": "duplicate"}
+    assert store.claim(old, 6.0, OTHER, SINCE, 300, "a", 60)["verdict"] == "act"
+
+
+def test_the_cooldown_is_per_finding():
+    """Regression (issue 29, item 7): a remediation of a rule on one volume held back the same
+    rule on another volume (``cooldown``: not recorded). Each finding cools down on its own."""
+    record = store.empty()
+    assert store.claim(record, 10.0, KEY, SINCE, 300, "a", 60)["verdict"] == "act"
+    assert store.complete(record, KEY, SINCE, "a")
+    assert store.claim(record, 15.0, OTHER, SINCE + 5, 300, "a", 60)["verdict"] == "act"
+    assert store.claim(record, 16.0, KEY, SINCE + 6, 300, "a", 60) == {"verdict": "cooldown"}
+    assert store.claim(record, 311.0, KEY, SINCE + 6, 300, "a", 60)["verdict"] == "act"
+
+
+def test_without_a_cooldown_every_occurrence_acts_once():
+    """A manual rule's claim (cooldown 0): each new occurrence is alerted, a repeat is a duplicate."""
+    record = store.empty()
+    for n in range(3):
+        assert store.claim(record, 10.0 + n, KEY, SINCE + n, 0, "a", 60)["verdict"] == "act"
+        assert store.complete(record, KEY, SINCE + n, "a")
+        assert store.claim(record, 10.5 + n, KEY, SINCE + n, 0, "a", 60) == {"verdict": "duplicate"}
+    assert record["cooldown"] == {}
 
 
 @pytest.mark.parametrize(
