@@ -65,7 +65,7 @@ import salt.crypt
 import salt.utils.event
 import salt.utils.sdb
 import salt.utils.verify
-from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding
 
 log = logging.getLogger(__name__)
@@ -144,9 +144,31 @@ def _master_signature(tag, data):
     are PKCS1v15_SHA224: what ``salt.crypt.verify_signature(..., algorithm=SIGNING)`` checks.
     """
     message = _util("events.master_signed_bytes")(tag, data)
+    return base64.b64encode(_master_key().sign(message, padding.PKCS1v15(), hashes.SHA224())).decode()
+
+
+def _master_key():
+    """The master's private key, ``<pki_dir>/master.pem`` (kept loaded by Salt until it changes)."""
     passphrase = salt.utils.sdb.sdb_get(__opts__.get("key_pass"), __opts__)
-    key = salt.crypt.get_rsa_key(os.path.join(__opts__["pki_dir"], "master.pem"), passphrase)
-    return base64.b64encode(key.sign(message, padding.PKCS1v15(), hashes.SHA224())).decode()
+    return salt.crypt.get_rsa_key(os.path.join(__opts__["pki_dir"], "master.pem"), passphrase)
+
+
+def _cluster():
+    """(the MAC key of triage's Redis store, its default key prefix) for this master's cluster: hot
+    masters share master.pem and master.pub, as Salt requires, and so share both; another
+    cluster has others. Neither is ever logged or put in an event."""
+    store_error = _util("store.failures")()
+    try:
+        der = _master_key().private_bytes(
+            serialization.Encoding.DER, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+        with open(os.path.join(__opts__["pki_dir"], "master.pub"), "rb") as pub:
+            public = pub.read()
+    except Exception as exc:  # noqa: BLE001 - the store is not opened, and triage says why
+        raise store_error(
+            f"the redis store's key cannot be made from the master's key pair: {type(exc).__name__}"
+        ) from None
+    return _util("store.mac_key")(der), _util("store.cluster_prefix")(public)
 
 
 def verify_master(tag, data):
@@ -275,7 +297,13 @@ def _store():
     settings = dict(config.get("store") or {})
     if isinstance(settings.get("url"), str) and settings["url"].startswith("sdb://"):
         settings["url"] = salt.utils.sdb.sdb_get(settings["url"], __opts__)
-    return _util("store.open_store")(settings, __opts__["cachedir"], redeliver=float(config["lease"]))
+    # the cluster's key and prefix made here, not in a callback: a runner function called from a
+    # utils function runs in the utils loader's context, which has no __utils__ (the engine's
+    # redeliver failed so)
+    cluster = _cluster() if settings.get("driver") == "redis" else None
+    return _util("store.open_store")(
+        settings, __opts__["cachedir"], redeliver=float(config["lease"]), cluster=cluster
+    )
 
 
 # Who holds a claim: this process and this load of the module, after the master's id (_owner).

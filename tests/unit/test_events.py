@@ -1301,3 +1301,73 @@ def test_remediate_targets_a_list_of_one_id(runner, monkeypatch):
     monkeypatch.setattr(fresh.salt.client, "get_local_client", lambda **kwargs: Client())
     fresh._call_remediate("db1", ["HANA-PERF-002"])
     assert calls == [(["db1"], "hana_storage.remediate", "list")]
+
+
+# ---- the shared store's writers are not the master (issue 29, item 4) --------------------------------
+
+
+def test_a_redis_writer_cannot_have_the_master_sign_its_events(two_masters, pki, caplog):
+    """Regression (issue 29, item 4): whoever could write to Redis put entries into the outbox
+    (tag ``salt/auth``, and a made-up remediation ``fixed``), and ``redeliver`` signed and sent
+    them with master.pem. Only the outbox's two tags, under a MAC of the masters' shared key."""
+    import redis
+
+    a, _b = two_masters
+    prefix = a.__opts__["hana_storage"]["store"]["prefix"]
+    writer = redis.Redis.from_url(a.__opts__["hana_storage"]["store"]["url"])
+    made_up = {
+        "e1": {"event_id": "e1", "tag": "salt/auth", "data": {"id": "db1", "act": "accept"}},
+        "e2": {
+            "event_id": "e2",
+            "tag": "hana/storage/remediation",
+            "data": {"minion": "db1", "rule": "HANA-PERF-002", "result": "fixed", "reason": "verified"},
+        },
+    }
+    for event_id, event in made_up.items():
+        writer.hset(prefix + "outbox", event_id, json.dumps(event))
+        writer.zadd(prefix + "outbox-due", {event_id: 0})
+    assert a.redeliver() == 0 and a.fired == []
+    assert writer.hlen(prefix + "outbox") == writer.zcard(prefix + "outbox-due") == 0, "dropped"
+    assert "dropped from the outbox" in caplog.text and "salt/auth" not in str(a.fired)
+
+
+def test_a_redis_writer_cannot_mark_an_occurrence_handled(two_masters, pki, caplog):
+    """A record forged in Redis (the occurrence "handled", to silence its alert) does not verify:
+    it is read as empty, so triage acts (acting again is the safe direction), and it says so."""
+    import redis
+
+    a, _b = two_masters
+    prefix = a.__opts__["hana_storage"]["store"]["prefix"]
+    found = finding("HANA-ENC-001")
+    data = violation(pki, "db1", found, time.time())
+    forged = {"handled": {events.finding_key(found): data["ts"]}, "held": {}, "cooldown": {}}
+    writer = redis.Redis.from_url(a.__opts__["hana_storage"]["store"]["url"])
+    writer.set(prefix + "action:db1@HANA-ENC-001", json.dumps(forged))
+    assert a.triage("salt/beacon/db1/hana_storage/violation", data)["action"] == "alerted"
+    assert "does not verify" in caplog.text
+
+
+def test_two_clusters_on_one_redis_share_nothing(runner, pki, keys, redis_url, tmp_path):
+    """Two clusters (other master keys) on one Redis: by default each has a prefix of its own, from
+    its master.pub, so one cluster's records never make the other's findings duplicates."""
+    import hashlib
+
+    other_pki = tmp_path / "other-pki"
+    (other_pki / "minions").mkdir(parents=True)
+    (other_pki / "master.pem").write_text(keys["db2"][0])  # another cluster's master key
+    (other_pki / "master.pub").write_text(keys["db2"][1])
+    (other_pki / "minions" / "db1").write_text(keys["db1"][1])
+    clusters = []
+    for name, directory in (("one", pki), ("two", other_pki)):
+        master = load("_runners/hana_storage.py", f"runner_cluster_{name}")
+        for attribute in ("__utils__", "_call_remediate", "minion_ret", "remediate_calls"):
+            setattr(master, attribute, getattr(runner, attribute))
+        record_fired(master)
+        settings = {"cooldown": 300, "store": {"driver": "redis", "url": redis_url}}
+        master.__opts__ = {**runner.__opts__, "pki_dir": str(directory), "hana_storage": settings}
+        clusters.append(master)
+    data = violation(pki, "db1", finding("HANA-ENC-001"), time.time())
+    tag = "salt/beacon/db1/hana_storage/violation"
+    assert [c.triage(tag, data)["action"] for c in clusters] == ["alerted", "alerted"]
+    digest = hashlib.sha256((pki / "master.pub").read_bytes()).hexdigest()[:16]
+    assert clusters[0]._store().prefix == f"hana_storage:{digest}:"
