@@ -49,6 +49,7 @@ Master configuration (``conf/master.d/hana-storage.conf``)::
       cooldown: 300          # seconds between two remediations of one finding
       max_event_age: 600     # seconds: an older (or replayed) event is rejected
       require_signature: true
+      max_event_bytes: 262144  # and the other limits of DEFAULTS: what one minion may cost triage
 """
 
 import base64
@@ -79,7 +80,14 @@ DEFAULTS = {
     "report_timeout": 120,
     "lease": 60,
     "store": {"driver": "local"},
+    # what one minion may cost triage (README, "Events"); each a positive number
+    "max_event_bytes": 262144,  # a larger event is rejected (too_large) before its signature is checked
+    "max_audit_findings": 1000,  # open findings triaged from one audit event; the rest are counted
+    "event_burst": 200,  # events of one claimed minion triaged at once (a token bucket) ...
+    "event_rate": 5,  # ... and per second after that; beyond it: dropped unverified (rate_limited)
+    "report_interval": 60,  # seconds: at most one log line and hana/storage/rejected per minion
 }
+LIMITS = ("max_event_bytes", "max_audit_findings", "event_burst", "event_rate", "report_interval")
 ALERT_TAG = "hana/storage/alert"
 REMEDIATION_TAG = "hana/storage/remediation"
 REJECTED_TAG = "hana/storage/rejected"
@@ -103,7 +111,34 @@ def _util(name):
 
 
 def _config():
-    return {**DEFAULTS, **(__opts__.get("hana_storage") or {})}
+    config = {**DEFAULTS, **(__opts__.get("hana_storage") or {})}
+    for name in LIMITS:
+        value = config[name]
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            if (name, repr(value)) not in _BAD_LIMITS:
+                _BAD_LIMITS.add((name, repr(value)))
+                log.error(
+                    "hana_storage: %s %r is not a positive number: %s used", name, value, DEFAULTS[name]
+                )
+            config[name] = DEFAULTS[name]
+    return config
+
+
+_BAD_LIMITS = set()  # (name, value) of the limits already logged as invalid
+_LIMITERS, _LIMITERS_LOCK = {}, threading.Lock()
+
+
+def _limiters(config):
+    """(the token buckets, the reports) of this process for the configured limits: kept between
+    events (the triage engine's runner module lives as long as the master)."""
+    ident = (config["event_rate"], config["event_burst"], config["report_interval"])
+    with _LIMITERS_LOCK:
+        if ident not in _LIMITERS:
+            _LIMITERS[ident] = (
+                _util("limits.buckets")(config["event_rate"], config["event_burst"]),
+                _util("limits.reports")(config["report_interval"]),
+            )
+        return _LIMITERS[ident]
 
 
 _PUBLISHERS = threading.local()  # one connection to the master's bus per thread, kept between events
@@ -262,11 +297,13 @@ def verify(tag, data):
 
         salt-run hana_storage.verify tag=salt/beacon/db1/hana_storage/violation data='{...}'
     """
-    config = _config()
     minion, event = _util("events.minion_of_tag")(tag)
-    problem = _sender_problem(minion)
-    if problem:
-        return problem
+    return _sender_problem(minion) or _signature_problem(minion, event, data)
+
+
+def _signature_problem(minion, event, data):
+    """verify() for a sender with an accepted key: the signature and the age."""
+    config = _config()
     pub = _accepted_key(minion)
     signature = data.get("sig") if isinstance(data, dict) else None
     if not signature:
@@ -280,7 +317,8 @@ def verify(tag, data):
         good = False
     if not good:
         return {"code": "bad_signature", "reason": f"the signature does not verify with {minion!r}'s key"}
-    age = time.time() - float(data.get("ts") or 0)
+    ts = data.get("ts")
+    age = time.time() - (ts if isinstance(ts, int | float) and not isinstance(ts, bool) else 0)
     if abs(age) > config["max_event_age"]:
         return {
             "code": "stale",
@@ -525,24 +563,74 @@ def triage(tag, data):
         salt-run hana_storage.triage tag=salt/beacon/db1/hana_storage/violation data='{...}'
     """
     began = time.time()
-    result = _triage(tag, data)
-    _fire(TRIAGED_TAG, {"tag": tag, "began": began, "result": result})
+    result, report = _triage(tag, data)
+    if report:
+        _fire(TRIAGED_TAG, {"tag": tag, "began": began, "result": result})
     return result
 
 
 def _triage(tag, data):
+    """(what triage returned, whether to report it): a rejection is reported once per claimed
+    minion and ``report_interval``, so that a flood of forged events costs the master no signed
+    event and no log line each.
+
+    The checks run cheapest first: the id and its accepted key (a stat), the sender's token bucket
+    (an accepted id's own; every other claim shares one), the event's size, then the signature."""
     minion, event = _util("events.minion_of_tag")(tag)
     if event not in ("violation", "audit") or not isinstance(data, dict):
-        return {"action": "ignored", "reason": "not a hana_storage violation or audit event"}
-    problem = verify(tag, data)
+        return {"action": "ignored", "reason": "not a hana_storage violation or audit event"}, True
+    config = _config()
+    buckets, reports = _limiters(config)
+    problem = _sender_problem(minion)
+    sender = _util("limits.unknown")() if problem else minion
+    if not buckets.allow(sender):
+        problem = {
+            "code": "rate_limited",
+            "reason": f"more than {config['event_burst']} events at once, or {config['event_rate']} per second, "
+            f"from {sender!r}: dropped unverified",
+        }
+    elif problem is None:
+        size = len(json.dumps(data, default=str))
+        if size > config["max_event_bytes"]:
+            problem = {
+                "code": "too_large",
+                "reason": f"{size} bytes (max_event_bytes {config['max_event_bytes']})",
+            }
+        else:
+            problem = _signature_problem(minion, event, data)
     if problem:
-        log.warning("hana_storage: rejected %s: %s", tag, problem["reason"])
-        _fire(REJECTED_TAG, {"tag": tag, "claimed_minion": minion, **problem, "rule": data.get("rule")})
-        return {"action": "rejected", "minion": minion, **problem}
+        return _rejected(reports, tag, minion, sender, problem, data)
     if event == "violation":
-        return _handle(minion, [_violation_finding(data)], event)[0]
-    findings = _util("events.open_findings")(data)
-    return {"action": "reconciled", "minion": minion, "findings": _handle(minion, findings, event)}
+        return _handle(minion, [_violation_finding(data)], event)[0], True
+    findings, most = _util("events.open_findings")(data), int(config["max_audit_findings"])
+    result = {"action": "reconciled", "minion": minion, "findings": _handle(minion, findings[:most], event)}
+    if len(findings) > most:
+        result["dropped"] = len(findings) - most
+        if reports.due((minion, "max_audit_findings")) is not None:
+            log.warning(
+                "hana_storage: %s's audit event listed %d more open findings than max_audit_findings (%d): "
+                "not triaged now",
+                minion,
+                result["dropped"],
+                most,
+            )
+    return result, True
+
+
+def _rejected(reports, tag, minion, sender, problem, data):
+    """The result of a rejected event, reported (a log line, a signed hana/storage/rejected and a
+    hana/storage/triaged) only when ``sender`` was not reported within ``report_interval``; the
+    report counts what was held back since (``held_back``)."""
+    result = {"action": "rejected", "minion": minion, **problem}
+    held_back = reports.due(sender)
+    if held_back is None:
+        return result, False
+    more = f" ({held_back} more rejected from {sender!r} since the last report)" if held_back else ""
+    log.warning("hana_storage: rejected %s: %s%s", tag[:300], problem["reason"], more)
+    rule = data.get("rule")
+    report = {"tag": tag, "claimed_minion": minion, **problem, "held_back": held_back}
+    _fire(REJECTED_TAG, {**report, "rule": rule if isinstance(rule, str) and len(rule) <= 64 else None})
+    return result, True
 
 
 def _handle(minion, findings, via):

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import hana_storage_events as events
+import hana_storage_limits as limits
 import hana_storage_pillar as pillar
 import hana_storage_rules as rules
 import hana_storage_store as store
@@ -36,6 +37,7 @@ UTILS = {f"hana_storage_events.{n}": getattr(events, n) for n in dir(events) if 
 UTILS |= {f"hana_storage_rules.{n}": getattr(rules, n) for n in dir(rules) if not n.startswith("_")}
 UTILS |= {f"hana_storage_tab.{n}": getattr(tab, n) for n in dir(tab) if not n.startswith("_")}
 UTILS |= {f"hana_storage_store.{n}": getattr(store, n) for n in dir(store) if not n.startswith("_")}
+UTILS |= {f"hana_storage_limits.{n}": getattr(limits, n) for n in dir(limits) if not n.startswith("_")}
 
 
 def finding(rule="HANA-PERF-002", volume="data", device="/dev/mapper/hana_data"):
@@ -411,6 +413,7 @@ def test_flood_gets_one_action_per_minion_and_rule(runner, pki):
     the events that came while it ran find the occurrence held, the later ones handled."""
     from concurrent.futures import ThreadPoolExecutor
 
+    runner.__opts__["hana_storage"] = {"cooldown": 300, "event_burst": 20_000}  # no rate limit here
     data = signed(pki, "db1", {"tag": "violation", **finding()})
     with ThreadPoolExecutor(10) as pool:
         actions = list(
@@ -1371,3 +1374,108 @@ def test_two_clusters_on_one_redis_share_nothing(runner, pki, keys, redis_url, t
     assert [c.triage(tag, data)["action"] for c in clusters] == ["alerted", "alerted"]
     digest = hashlib.sha256((pki / "master.pub").read_bytes()).hexdigest()[:16]
     assert clusters[0]._store().prefix == f"hana_storage:{digest}:"
+
+
+# ---- what one minion may cost triage (issue 29, item 11) ---------------------------------------------
+
+
+def many_findings(n):
+    """n open findings of one manual rule, each on a volume of its own."""
+    return [(finding("HANA-ENC-001", f"v{i:04d}", f"/dev/vd{i}"), 100.0 + i) for i in range(n)]
+
+
+def test_an_audit_event_is_triaged_for_at_most_max_audit_findings(runner, pki, caplog):
+    """Regression (issue 29, item 11): an audit event with 5,000 findings held a triage thread for
+    0.7 s and made a 325 KB signed event. The first ``max_audit_findings`` are triaged, the rest
+    counted in the result and logged."""
+    runner.__opts__["hana_storage"] = {"cooldown": 300, "max_audit_findings": 10}
+    data = signed(pki, "db1", beacon_events.audit_data(many_findings(30), volumes=()), event="audit")
+    result = runner.triage("salt/beacon/db1/hana_storage/audit", data)
+    assert len(result["findings"]) == 10 and result["dropped"] == 20, result
+    assert "20 more open findings" in caplog.text
+
+
+def test_an_event_too_large_is_rejected_before_its_signature_is_checked(runner, pki, monkeypatch):
+    runner.__opts__["hana_storage"] = {"cooldown": 300, "max_event_bytes": 4096}
+    data = signed(pki, "db1", beacon_events.audit_data(many_findings(60), volumes=()), event="audit")
+    assert len(json.dumps(data)) > 4096
+    checked = []
+    monkeypatch.setattr(runner.salt.crypt, "verify_signature", lambda *args, **kwargs: checked.append(1))
+    result = runner.triage("salt/beacon/db1/hana_storage/audit", data)
+    assert (result["action"], result["code"]) == ("rejected", "too_large"), result
+    assert [t for t, _d in runner.fired] == ["hana/storage/rejected"] and checked == []
+
+
+def test_a_flood_from_one_minion_is_rate_limited(runner, pki):
+    """Beyond its bucket a minion's events are dropped unverified: counted, and reported once per
+    interval (one hana/storage/rejected, no hana/storage/triaged each); other minions go on."""
+    runner.__opts__["hana_storage"] = {"cooldown": 300, "event_burst": 3, "event_rate": 0.001}
+    tag = "salt/beacon/db1/hana_storage/violation"
+    results = [
+        runner.triage(tag, violation(pki, "db1", finding("HANA-ENC-001", f"v{n}"), time.time()))
+        for n in range(10)
+    ]
+    assert [r["action"] for r in results] == ["alerted"] * 3 + ["rejected"] * 7
+    assert {r["code"] for r in results[3:]} == {"rate_limited"}
+    assert [t for t, _d in runner.fired].count("hana/storage/rejected") == 1
+    assert len(runner.triaged) == 4, "the three triaged and the one reported"
+    other = violation(pki, "db2", finding("HANA-ENC-001"), time.time())
+    assert runner.triage("salt/beacon/db2/hana_storage/violation", other)["action"] == "alerted"
+
+
+def test_forged_events_cost_one_report_per_claimed_minion_and_interval(runner, pki, caplog):
+    """Each forged event cost two signed master events and a log line. Now a rejection is
+    reported (logged, hana/storage/rejected, hana/storage/triaged) once per interval per claimed
+    minion - made-up ids share one - with the number held back since."""
+    runner.__opts__["hana_storage"] = {"cooldown": 300, "report_interval": 0.5}
+    genuine = violation(pki, "db1", finding("HANA-ENC-001"), time.time())
+    for n in range(20):
+        result = runner.triage("salt/beacon/db1/hana_storage/violation", {**genuine, "sig": "AAAA"})
+        assert (result["action"], result["code"]) == ("rejected", "bad_signature")
+        result = runner.triage(f"salt/beacon/ghost-{n}/hana_storage/violation", genuine)
+        assert (result["action"], result["code"]) == ("rejected", "unknown_minion")
+    rejected = [d for t, d in runner.fired if t == "hana/storage/rejected"]
+    assert [(d["claimed_minion"], d["held_back"]) for d in rejected] == [("db1", 0), ("ghost-0", 0)]
+    assert len(runner.triaged) == 2 and caplog.text.count("rejected salt/beacon/") == 2
+    real_sleep(0.6)
+    runner.triage("salt/beacon/db1/hana_storage/violation", {**genuine, "sig": "AAAA"})
+    assert runner.fired[-1][1]["held_back"] == 19
+
+
+def test_the_rate_limit_holds_on_the_engines_path(runner, pki, tmp_path):
+    """The triage engine's threads share the runner module, and so its buckets: a flood handed off
+    over the engine's socket is triaged up to the burst, and reported once."""
+    import os
+    import shutil
+    import tempfile
+
+    from tests.unit.test_triage_engine import eventually, hand_off, load_engine, running
+
+    runner.__opts__["hana_storage"] = {"cooldown": 300, "event_burst": 5, "event_rate": 0.001}
+    sock_dir = tempfile.mkdtemp(prefix=f"hsf-{os.getpid()}-", dir="/tmp")  # AF_UNIX paths are short
+    try:
+        path = running(load_engine(), sock_dir, runner.triage)
+        tag = "salt/beacon/db1/hana_storage/violation"
+        flood = [violation(pki, "db1", finding("HANA-ENC-001", f"v{n}"), time.time()) for n in range(30)]
+        hand_off(path, *({"tag": tag, "data": data} for data in flood))
+        eventually(lambda: len(runner.triaged) == 6, f"five triaged and one report: {runner.triaged}")
+        real_sleep(1)
+        assert [d["result"]["action"] for _t, d in runner.triaged].count("alerted") == 5
+        assert [t for t, _d in runner.fired].count("hana/storage/rejected") == 1
+        assert len(runner.triaged) == 6
+    finally:
+        shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def test_the_limits_ship_as_their_defaults_and_a_bad_one_falls_back(runner, caplog):
+    import yaml
+
+    shipped = yaml.safe_load((REPO / "conf" / "master.d" / "hana-storage.conf").read_text())["hana_storage"]
+    assert {name: shipped[name] for name in runner.LIMITS} == {
+        name: runner.DEFAULTS[name] for name in runner.LIMITS
+    }
+    runner.__opts__["hana_storage"] = {"event_burst": "many", "event_rate": 0, "max_event_bytes": True}
+    for _ in range(3):
+        config = runner._config()
+    assert (config["event_burst"], config["event_rate"], config["max_event_bytes"]) == (200, 5, 262144)
+    assert caplog.text.count("is not a positive number") == 3, "once each"
