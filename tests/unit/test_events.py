@@ -1479,3 +1479,88 @@ def test_the_limits_ship_as_their_defaults_and_a_bad_one_falls_back(runner, capl
         config = runner._config()
     assert (config["event_burst"], config["event_rate"], config["max_event_bytes"]) == (200, 5, 262144)
     assert caplog.text.count("is not a positive number") == 3, "once each"
+
+
+# ---- the exporter's series are the master's, and bounded (issue 29, item 10) ---------------------------
+
+
+def series(registry, name):
+    """{labels: value} of one metric's samples."""
+    return {
+        tuple(sorted(sample.labels.items())): sample.value
+        for family in registry.collect()
+        for sample in family.samples
+        if sample.name == name
+    }
+
+
+def test_exporter_labels_come_from_the_masters_rule_table(exporter):
+    """Regression (issue 29, item 10): 2,000 validly signed events from one minion made 2,000
+    series in each of four metrics, their rule, severity, volume and event name taken from the
+    event. Rule and severity come from the master's table (an unknown rule counts as "unknown"),
+    event names from a fixed set, at most MAX_VOLUMES volumes per minion."""
+    module, metrics, registry = exporter
+    for n in range(200):
+        made_up = {**finding(), "rule": f"MADE-UP-{n}", "severity": f"s{n}", "volume": f"vol{n}"}
+        module.handle(
+            metrics,
+            "salt/beacon/db1/hana_storage/violation",
+            events.finding_event("violation", made_up, "uevent", 1.0),
+        )
+        module.handle(metrics, f"salt/beacon/db1/hana_storage/made-up-{n}", {"ts": 1.0})
+    lying = {**finding("HANA-ENC-001"), "severity": "low"}
+    module.handle(
+        metrics,
+        "salt/beacon/db1/hana_storage/violation",
+        events.finding_event("violation", lying, "uevent", 1.0),
+    )
+    violations = series(registry, "hana_storage_violations_total")
+    assert violations == {
+        (("minion", "db1"), ("rule", "unknown"), ("severity", "unknown")): 200.0,
+        (("minion", "db1"), ("rule", "HANA-ENC-001"), ("severity", "critical")): 1.0,
+    }
+    assert len(series(registry, "hana_storage_findings")) == 2
+    assert len(series(registry, "hana_storage_compliant")) == module.MAX_VOLUMES == 32
+    assert set(series(registry, "hana_storage_events_total")) == {
+        (("event", "other"),),
+        (("event", "violation"),),
+    }
+
+
+def test_exporter_drops_the_series_of_volumes_and_minions_that_are_gone(exporter):
+    """A stale 0 or 1 keeps an alert firing: a volume no longer in a minion's audit event loses its
+    compliant series, and a minion whose key is no longer accepted loses all its series."""
+    module, _metrics, registry = exporter
+    accepted = {"db1", "db2"}
+    metrics = module.Metrics(CollectorRegistry(), accepted=lambda minion: minion in accepted)
+    registry = metrics.registry
+
+    def audit_of(volumes, found=()):
+        report = {
+            "compliant": not found,
+            "findings": list(found),
+            "volumes": {v: {"compliant": True, "rules": [], "mountpoint": f"/hana/{v}"} for v in volumes},
+        }
+        return events.audit_event(report, "full", 0.1, 1000.0, {events.finding_key(f): 1.0 for f in found})
+
+    for minion in ("db1", "db2"):
+        module.handle(
+            metrics, f"salt/beacon/{minion}/hana_storage/audit", audit_of(("data", "log"), [finding()])
+        )
+        module.handle(metrics, "hana/storage/alert", {"minion": minion, "rule": "HANA-ENC-001"})
+        violated = events.finding_event("violation", finding(), "uevent", 1001.0)
+        module.handle(metrics, f"salt/beacon/{minion}/hana_storage/violation", violated)
+    module.handle(metrics, "salt/beacon/db1/hana_storage/audit", audit_of(("data",)))
+    assert sorted(
+        dict(k)["volume"] for k in series(registry, "hana_storage_compliant") if dict(k)["minion"] == "db1"
+    ) == ["data"]
+    accepted.discard("db2")
+    metrics.prune()
+    for name in (
+        "hana_storage_compliant",
+        "hana_storage_findings",
+        "hana_storage_violations_total",
+        "hana_storage_alerts_total",
+        "hana_storage_last_audit_timestamp_seconds",
+    ):
+        assert {dict(k)["minion"] for k in series(registry, name)} == {"db1"}, name
