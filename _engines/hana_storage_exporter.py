@@ -30,6 +30,15 @@ logged with the id Salt recorded for its sender. ``verify_signatures: false`` tu
 checks (a test bus only). An alert or remediation event seen again with the same ``event_id``
 (triage sent it again) is counted once.
 
+Every label value is the master's, never the event's, so a minion cannot make series without
+bound: a rule and its severity come from the master's rule table (a rule it does not know is
+counted as ``rule="unknown", severity="unknown"``), an event name from ``EVENTS`` (else
+``other``), a remediation's result from ``RESULTS``, and a minion has at most ``MAX_VOLUMES``
+volumes (the first by name). Series of what is gone are dropped, as a stale 0 or 1 would keep an
+alert firing: a volume no longer in a minion's audit event loses ``hana_storage_compliant``, and
+a minion whose key is no longer accepted (``<pki_dir>/minions/<id>`` gone; looked at every
+``PRUNE_EVERY`` seconds) loses all its series.
+
 .. code-block:: yaml
 
     engines:
@@ -41,6 +50,8 @@ checks (a test bus only). An alert or remediation event seen again with the same
 
 import collections
 import logging
+import os
+import time
 
 import salt.utils.event
 
@@ -59,6 +70,11 @@ __virtualname__ = "hana_storage_exporter"
 BEACON_PREFIX = "salt/beacon/"
 RUNNER_PREFIX = "hana/storage/"
 SEEN_OUTCOMES = 100_000  # event_ids remembered: far more than a lease's worth of outcomes
+UNKNOWN = "unknown"  # the label of a rule (and its severity) the master's table does not have
+EVENTS = ("violation", "resolved", "audit", "error", "alert", "remediation", "rejected", "triaged")
+RESULTS = ("fixed", "absent", "not-fixed", "failed")  # a remediation's results
+MAX_VOLUMES = 32  # volumes exported per minion: a HANA host has a handful
+PRUNE_EVERY = 60  # seconds between two looks for minions whose key is no longer accepted
 
 
 def __virtual__():
@@ -68,10 +84,14 @@ def __virtual__():
 
 
 class Metrics:
-    """The exporter's state: open findings per minion, and the Prometheus series they drive."""
+    """The exporter's state: open findings per minion, and the Prometheus series they drive.
+    ``accepted(minion)``: whether the minion's key is still accepted (``prune``)."""
 
-    def __init__(self, registry):
+    def __init__(self, registry, accepted=None):
         gauge, counter = prometheus_client.Gauge, prometheus_client.Counter
+        self.registry, self.accepted = registry, accepted or (lambda _minion: True)
+        self.table = {rule: entry["severity"] for rule, entry in _util("rules.rule_table")().items()}
+        self.labelled = {}  # minion -> {(metric, label values)} exported for it
         self.compliant = gauge(
             "hana_storage_compliant",
             "1 when the volume passes every rule, 0 when not",
@@ -113,9 +133,43 @@ class Metrics:
         )
         self.events = counter("hana_storage_events", "Events processed", ["event"], registry=registry)
         self.open = {}  # minion -> {finding key: (volume, rule, severity)}
-        self.volumes = {}  # minion -> volumes seen
+        self.volumes = {}  # minion -> volumes exported (at most MAX_VOLUMES)
         self.series = {}  # minion -> (rule, severity) label pairs exported
         self.outcomes = collections.OrderedDict()  # the event_ids of the last SEEN_OUTCOMES outcomes
+
+    def labels(self, metric, minion, *values):
+        """``metric``'s child for ``minion`` and ``values``, remembered so ``forget`` can drop it."""
+        self.labelled.setdefault(minion, set()).add((metric, (minion, *values)))
+        return metric.labels(minion, *values)
+
+    def rule(self, rule):
+        """(rule, severity) as the master's table has them; (UNKNOWN, UNKNOWN) for another rule."""
+        return (
+            (rule, self.table[rule]) if isinstance(rule, str) and rule in self.table else (UNKNOWN, UNKNOWN)
+        )
+
+    def forget(self, minion, keep=lambda metric, values: False):
+        """Drop ``minion``'s series (those ``keep`` does not keep) from the registry."""
+        for metric, values in list(self.labelled.get(minion, ())):
+            if not keep(metric, values):
+                self.labelled[minion].discard((metric, values))
+                metric.remove(*values)
+
+    def prune(self):
+        """Drop every series of the minions whose key is no longer accepted, and what is kept
+        about them."""
+        for minion in set(self.labelled) | set(self.open) | set(self.volumes):
+            if not self.accepted(minion):
+                self.forget(minion)
+                for state in (self.labelled, self.open, self.volumes, self.series):
+                    state.pop(minion, None)
+
+    def exported_volumes(self, minion, volumes):
+        """The volumes exported for ``minion``: the ones it had, then the others by name, at most
+        MAX_VOLUMES."""
+        had = self.volumes.get(minion, set())
+        names = sorted({v for v in volumes if isinstance(v, str)}, key=lambda v: (v not in had, v))
+        return set(names[:MAX_VOLUMES])
 
     def first_time(self, event_id):
         """Whether an alert or remediation event is new: one that triage sent again (no bus had
@@ -131,22 +185,29 @@ class Metrics:
 
     def audit(self, minion, data):
         open_findings = {}
-        for key, severity in (data.get("open") or {}).items():
+        for key in data.get("open") or {}:
             finding = _util("events.parse_finding_key")(key)  # ValueError: the event is not counted
-            open_findings[key] = (finding["volume"], finding["rule"], severity)
-        self.volumes[minion] = set(data.get("volumes", {}))
+            open_findings[key] = (finding["volume"], *self.rule(finding["rule"]))
+        volumes = self.exported_volumes(minion, data.get("volumes") or {})
+        self.forget(  # the volumes the minion no longer has
+            minion, keep=lambda metric, values: metric is not self.compliant or values[1] in volumes
+        )
+        self.volumes[minion] = volumes
         self.open[minion] = open_findings
-        self.last_audit.labels(minion).set(float(data.get("ts") or 0))
+        self.labels(self.last_audit, minion).set(float(data.get("ts") or 0))
         self._refresh(minion)
 
     def violation(self, minion, data):
-        self.violations.labels(minion, data["rule"], data.get("severity", "unknown")).inc()
-        self.open.setdefault(minion, {})[data["key"]] = (data["volume"], data["rule"], data.get("severity"))
-        self.volumes.setdefault(minion, set()).add(data["volume"])
+        rule, severity = self.rule(data["rule"])
+        self.labels(self.violations, minion, rule, severity).inc()
+        self.open.setdefault(minion, {})[data["key"]] = (data["volume"], rule, severity)
+        self.volumes[minion] = self.exported_volumes(
+            minion, self.volumes.get(minion, set()) | {data["volume"]}
+        )
         self._refresh(minion)
 
     def clear(self, minion, data):
-        self.resolved.labels(minion, data["rule"]).inc()
+        self.labels(self.resolved, minion, self.rule(data["rule"])[0]).inc()
         self.open.setdefault(minion, {}).pop(data["key"], None)
         self._refresh(minion)
 
@@ -154,12 +215,12 @@ class Metrics:
         open_findings = self.open.get(minion, {}).values()
         failing = {volume for volume, _rule, _severity in open_findings}
         for volume in self.volumes.get(minion, ()):
-            self.compliant.labels(minion, volume).set(0 if volume in failing else 1)
+            self.labels(self.compliant, minion, volume).set(0 if volume in failing else 1)
         counts = {}
         for _volume, rule, severity in open_findings:
             counts[(rule, severity)] = counts.get((rule, severity), 0) + 1
         for labels in self.series.get(minion, set()) | set(counts):
-            self.findings.labels(minion, *labels).set(counts.get(labels, 0))
+            self.labels(self.findings, minion, *labels).set(counts.get(labels, 0))
         self.series[minion] = self.series.get(minion, set()) | set(counts)
 
 
@@ -210,7 +271,7 @@ def handle(metrics, tag, data, verify=None, verify_master=None):
             metrics.violation(minion, data)
         elif event == "resolved":
             metrics.clear(minion, data)
-        metrics.events.labels(event).inc()  # counted once handled: a malformed one raised above
+        metrics.events.labels(_event_label(event)).inc()  # counted once handled: a malformed one raised above
     elif tag.startswith(RUNNER_PREFIX):
         problem = verify_master(tag, data) if verify_master else None
         if problem:
@@ -226,10 +287,20 @@ def handle(metrics, tag, data, verify=None, verify_master=None):
         if event in ("remediation", "alert") and not metrics.first_time(data.get("event_id")):
             return
         if event == "remediation":
-            metrics.remediations.labels(data["minion"], data["rule"], data["result"]).inc()
+            result = data["result"] if data["result"] in RESULTS else UNKNOWN
+            metrics.labels(metrics.remediations, data["minion"], metrics.rule(data["rule"])[0], result).inc()
         elif event == "alert":
-            metrics.alerts.labels(data["minion"], data["rule"]).inc()
-        metrics.events.labels(event).inc()
+            metrics.labels(metrics.alerts, data["minion"], metrics.rule(data["rule"])[0]).inc()
+        metrics.events.labels(_event_label(event)).inc()
+
+
+def _event_label(event):
+    return event if event in EVENTS else "other"
+
+
+def _accepted(minion):
+    """Whether the master still accepts ``minion``'s key."""
+    return os.path.isfile(os.path.join(__opts__["pki_dir"], "minions", minion))
 
 
 def start(bind="127.0.0.1", port=9723, verify_signatures=True):
@@ -237,14 +308,18 @@ def start(bind="127.0.0.1", port=9723, verify_signatures=True):
     Serve the metrics and follow the master's event bus until the master stops.
     """
     registry = prometheus_client.CollectorRegistry()
-    metrics = Metrics(registry)
+    metrics = Metrics(registry, accepted=_accepted)
     registry.register(StoreTallies(__runners__["hana_storage.tallies"]))
     prometheus_client.start_http_server(int(port), addr=bind, registry=registry)
     log.info("hana_storage_exporter: serving metrics on http://%s:%s/metrics", bind, port)
     verify = __runners__["hana_storage.verify"] if verify_signatures else None
     verify_master = __runners__["hana_storage.verify_master"] if verify_signatures else None
+    pruned = time.monotonic()
     with salt.utils.event.get_master_event(__opts__, __opts__["sock_dir"], listen=True) as bus:
         while True:
+            if time.monotonic() - pruned > PRUNE_EVERY:
+                metrics.prune()
+                pruned = time.monotonic()
             event = bus.get_event(full=True, wait=5)
             if not event or not isinstance(event.get("data"), dict):
                 continue

@@ -10,8 +10,9 @@ Any minion can put any tag and data on the master's bus, so triage trusts nothin
 * whether a rule may be fixed automatically comes from the master's own rule table;
 * the fix runs on that minion only (``hana_storage.remediate``, target type ``list``: an id is never
   a pattern), and the minion re-audits before fixing anything;
-* one remediation or alert per minion and rule per cooldown, however many events arrive, and
-  never two for one occurrence of a finding (triage's store, ``hana_storage_store``: files under
+* one remediation per finding (minion, rule, volume, device) per cooldown, however many events
+  arrive; a manual finding is alerted at each occurrence; never two actions for one occurrence
+  of a finding (triage's store, ``hana_storage_store``: files under
   the master's cachedir, or Redis shared by hot masters; it holds across the reactor's threads,
   module reloads and master restarts);
 * what an action decided is never lost with its master: the alert or remediation event goes
@@ -45,9 +46,10 @@ event it counts), and so should any other consumer: ``salt-run hana_storage.veri
 Master configuration (``conf/master.d/hana-storage.conf``)::
 
     hana_storage:
-      cooldown: 300          # seconds between two actions for one minion and rule
+      cooldown: 300          # seconds between two remediations of one finding
       max_event_age: 600     # seconds: an older (or replayed) event is rejected
       require_signature: true
+      max_event_bytes: 262144  # and the other limits of DEFAULTS: what one minion may cost triage
 """
 
 import base64
@@ -64,7 +66,7 @@ import salt.crypt
 import salt.utils.event
 import salt.utils.sdb
 import salt.utils.verify
-from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding
 
 log = logging.getLogger(__name__)
@@ -78,7 +80,14 @@ DEFAULTS = {
     "report_timeout": 120,
     "lease": 60,
     "store": {"driver": "local"},
+    # what one minion may cost triage (README, "Events"); each a positive number
+    "max_event_bytes": 262144,  # a larger event is rejected (too_large) before its signature is checked
+    "max_audit_findings": 1000,  # open findings triaged from one audit event; the rest are counted
+    "event_burst": 200,  # events of one claimed minion triaged at once (a token bucket) ...
+    "event_rate": 5,  # ... and per second after that; beyond it: dropped unverified (rate_limited)
+    "report_interval": 60,  # seconds: at most one log line and hana/storage/rejected per minion
 }
+LIMITS = ("max_event_bytes", "max_audit_findings", "event_burst", "event_rate", "report_interval")
 ALERT_TAG = "hana/storage/alert"
 REMEDIATION_TAG = "hana/storage/remediation"
 REJECTED_TAG = "hana/storage/rejected"
@@ -102,7 +111,34 @@ def _util(name):
 
 
 def _config():
-    return {**DEFAULTS, **(__opts__.get("hana_storage") or {})}
+    config = {**DEFAULTS, **(__opts__.get("hana_storage") or {})}
+    for name in LIMITS:
+        value = config[name]
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            if (name, repr(value)) not in _BAD_LIMITS:
+                _BAD_LIMITS.add((name, repr(value)))
+                log.error(
+                    "hana_storage: %s %r is not a positive number: %s used", name, value, DEFAULTS[name]
+                )
+            config[name] = DEFAULTS[name]
+    return config
+
+
+_BAD_LIMITS = set()  # (name, value) of the limits already logged as invalid
+_LIMITERS, _LIMITERS_LOCK = {}, threading.Lock()
+
+
+def _limiters(config):
+    """(the token buckets, the reports) of this process for the configured limits: kept between
+    events (the triage engine's runner module lives as long as the master)."""
+    ident = (config["event_rate"], config["event_burst"], config["report_interval"])
+    with _LIMITERS_LOCK:
+        if ident not in _LIMITERS:
+            _LIMITERS[ident] = (
+                _util("limits.buckets")(config["event_rate"], config["event_burst"]),
+                _util("limits.reports")(config["report_interval"]),
+            )
+        return _LIMITERS[ident]
 
 
 _PUBLISHERS = threading.local()  # one connection to the master's bus per thread, kept between events
@@ -143,9 +179,31 @@ def _master_signature(tag, data):
     are PKCS1v15_SHA224: what ``salt.crypt.verify_signature(..., algorithm=SIGNING)`` checks.
     """
     message = _util("events.master_signed_bytes")(tag, data)
+    return base64.b64encode(_master_key().sign(message, padding.PKCS1v15(), hashes.SHA224())).decode()
+
+
+def _master_key():
+    """The master's private key, ``<pki_dir>/master.pem`` (kept loaded by Salt until it changes)."""
     passphrase = salt.utils.sdb.sdb_get(__opts__.get("key_pass"), __opts__)
-    key = salt.crypt.get_rsa_key(os.path.join(__opts__["pki_dir"], "master.pem"), passphrase)
-    return base64.b64encode(key.sign(message, padding.PKCS1v15(), hashes.SHA224())).decode()
+    return salt.crypt.get_rsa_key(os.path.join(__opts__["pki_dir"], "master.pem"), passphrase)
+
+
+def _cluster():
+    """(the MAC key of triage's Redis store, its default key prefix) for this master's cluster: hot
+    masters share master.pem and master.pub, as Salt requires, and so share both; another
+    cluster has others. Neither is ever logged or put in an event."""
+    store_error = _util("store.failures")()
+    try:
+        der = _master_key().private_bytes(
+            serialization.Encoding.DER, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+        with open(os.path.join(__opts__["pki_dir"], "master.pub"), "rb") as pub:
+            public = pub.read()
+    except Exception as exc:  # noqa: BLE001 - the store is not opened, and triage says why
+        raise store_error(
+            f"the redis store's key cannot be made from the master's key pair: {type(exc).__name__}"
+        ) from None
+    return _util("store.mac_key")(der), _util("store.cluster_prefix")(public)
 
 
 def verify_master(tag, data):
@@ -202,11 +260,36 @@ def _fire(tag, data):
     return False
 
 
+# What Salt's targeting reads as a list (",") or a glob ("*", "?", "[...]"), and whitespace: an id
+# with any of them is never one minion's id to triage, whatever its accepted key says.
+TARGET_CHARACTERS = frozenset(",*?[]")
+
+
+def _sender_problem(minion):
+    """Why ``minion`` (the id a tag names) cannot be a sender, or None: no id, an id that is a
+    target rather than an id (``bad_minion_id``), or no accepted key (``unknown_minion``)."""
+    if not minion:
+        return {"code": "unknown_minion", "reason": "the tag names no minion id"}
+    if (
+        TARGET_CHARACTERS.intersection(minion)
+        or any(c.isspace() for c in minion)
+        or not salt.utils.verify.valid_id(__opts__, minion)
+    ):
+        return {"code": "bad_minion_id", "reason": f"{minion[:100]!r} is not a valid minion id"}
+    if not os.path.isfile(_accepted_key(minion)):
+        return {"code": "unknown_minion", "reason": f"no accepted key for minion {minion!r}"}
+    return None
+
+
+def _accepted_key(minion):
+    return os.path.join(__opts__["pki_dir"], "minions", minion)
+
+
 def verify(tag, data):
     """
     Who sent a hana_storage beacon event: ``None`` when the minion named in the tag signed it
-    with its accepted key and it is fresh, else ``{"code", "reason"}`` (code: unknown_minion,
-    unsigned, bad_signature, stale).
+    with its accepted key and it is fresh, else ``{"code", "reason"}`` (code: bad_minion_id,
+    unknown_minion, unsigned, bad_signature, stale).
 
     CLI Example:
 
@@ -214,13 +297,14 @@ def verify(tag, data):
 
         salt-run hana_storage.verify tag=salt/beacon/db1/hana_storage/violation data='{...}'
     """
-    config = _config()
     minion, event = _util("events.minion_of_tag")(tag)
-    if not minion or not salt.utils.verify.valid_id(__opts__, minion):
-        return {"code": "unknown_minion", "reason": "the tag names no valid minion id"}
-    pub = os.path.join(__opts__["pki_dir"], "minions", minion)
-    if not os.path.isfile(pub):
-        return {"code": "unknown_minion", "reason": f"no accepted key for minion {minion!r}"}
+    return _sender_problem(minion) or _signature_problem(minion, event, data)
+
+
+def _signature_problem(minion, event, data):
+    """verify() for a sender with an accepted key: the signature and the age."""
+    config = _config()
+    pub = _accepted_key(minion)
     signature = data.get("sig") if isinstance(data, dict) else None
     if not signature:
         if config["require_signature"]:
@@ -233,7 +317,8 @@ def verify(tag, data):
         good = False
     if not good:
         return {"code": "bad_signature", "reason": f"the signature does not verify with {minion!r}'s key"}
-    age = time.time() - float(data.get("ts") or 0)
+    ts = data.get("ts")
+    age = time.time() - (ts if isinstance(ts, int | float) and not isinstance(ts, bool) else 0)
     if abs(age) > config["max_event_age"]:
         return {
             "code": "stale",
@@ -250,7 +335,13 @@ def _store():
     settings = dict(config.get("store") or {})
     if isinstance(settings.get("url"), str) and settings["url"].startswith("sdb://"):
         settings["url"] = salt.utils.sdb.sdb_get(settings["url"], __opts__)
-    return _util("store.open_store")(settings, __opts__["cachedir"], redeliver=float(config["lease"]))
+    # the cluster's key and prefix made here, not in a callback: a runner function called from a
+    # utils function runs in the utils loader's context, which has no __utils__ (the engine's
+    # redeliver failed so)
+    cluster = _cluster() if settings.get("driver") == "redis" else None
+    return _util("store.open_store")(
+        settings, __opts__["cachedir"], redeliver=float(config["lease"]), cluster=cluster
+    )
 
 
 # Who holds a claim: this process and this load of the module, after the master's id (_owner).
@@ -263,8 +354,9 @@ def _claim(minion, rule, key, since, alert=None):
 
     "act" (this master holds it under a lease until it completes or releases it), "duplicate"
     (handled already: a repeated event, the other master's, or a reconciled one), "held" (another
-    claim's lease runs: its master is acting on it) or "cooldown" (an action for this rule within
-    the cooldown: not recorded, so the minion's next audit event brings it back).
+    claim's lease runs: its master is acting on it) or "cooldown" (a remediation of this finding
+    within the cooldown: not recorded, so the minion's next audit event brings it back). A manual
+    finding (``alert``) has no cooldown: each occurrence is alerted.
 
     With an ``alert`` (a manual rule's), acting is alerting: the same change of the store records
     the occurrence handled and adds the alert to the outbox, which is then delivered. A master
@@ -275,7 +367,7 @@ def _claim(minion, rule, key, since, alert=None):
     events = [_outbox_event(ALERT_TAG, alert)] if alert else []
 
     def decide(record, now):
-        verdict = claim(record, now, key, since, config["cooldown"], owner, lease)
+        verdict = claim(record, now, key, since, 0 if alert else config["cooldown"], owner, lease)
         if alert and verdict["verdict"] == "act":
             complete(record, key, since, owner)
         return verdict
@@ -471,24 +563,74 @@ def triage(tag, data):
         salt-run hana_storage.triage tag=salt/beacon/db1/hana_storage/violation data='{...}'
     """
     began = time.time()
-    result = _triage(tag, data)
-    _fire(TRIAGED_TAG, {"tag": tag, "began": began, "result": result})
+    result, report = _triage(tag, data)
+    if report:
+        _fire(TRIAGED_TAG, {"tag": tag, "began": began, "result": result})
     return result
 
 
 def _triage(tag, data):
+    """(what triage returned, whether to report it): a rejection is reported once per claimed
+    minion and ``report_interval``, so that a flood of forged events costs the master no signed
+    event and no log line each.
+
+    The checks run cheapest first: the id and its accepted key (a stat), the sender's token bucket
+    (an accepted id's own; every other claim shares one), the event's size, then the signature."""
     minion, event = _util("events.minion_of_tag")(tag)
     if event not in ("violation", "audit") or not isinstance(data, dict):
-        return {"action": "ignored", "reason": "not a hana_storage violation or audit event"}
-    problem = verify(tag, data)
+        return {"action": "ignored", "reason": "not a hana_storage violation or audit event"}, True
+    config = _config()
+    buckets, reports = _limiters(config)
+    problem = _sender_problem(minion)
+    sender = _util("limits.unknown")() if problem else minion
+    if not buckets.allow(sender):
+        problem = {
+            "code": "rate_limited",
+            "reason": f"more than {config['event_burst']} events at once, or {config['event_rate']} per second, "
+            f"from {sender!r}: dropped unverified",
+        }
+    elif problem is None:
+        size = len(json.dumps(data, default=str))
+        if size > config["max_event_bytes"]:
+            problem = {
+                "code": "too_large",
+                "reason": f"{size} bytes (max_event_bytes {config['max_event_bytes']})",
+            }
+        else:
+            problem = _signature_problem(minion, event, data)
     if problem:
-        log.warning("hana_storage: rejected %s: %s", tag, problem["reason"])
-        _fire(REJECTED_TAG, {"tag": tag, "claimed_minion": minion, **problem, "rule": data.get("rule")})
-        return {"action": "rejected", "minion": minion, **problem}
+        return _rejected(reports, tag, minion, sender, problem, data)
     if event == "violation":
-        return _handle(minion, [_violation_finding(data)], event)[0]
-    findings = _util("events.open_findings")(data)
-    return {"action": "reconciled", "minion": minion, "findings": _handle(minion, findings, event)}
+        return _handle(minion, [_violation_finding(data)], event)[0], True
+    findings, most = _util("events.open_findings")(data), int(config["max_audit_findings"])
+    result = {"action": "reconciled", "minion": minion, "findings": _handle(minion, findings[:most], event)}
+    if len(findings) > most:
+        result["dropped"] = len(findings) - most
+        if reports.due((minion, "max_audit_findings")) is not None:
+            log.warning(
+                "hana_storage: %s's audit event listed %d more open findings than max_audit_findings (%d): "
+                "not triaged now",
+                minion,
+                result["dropped"],
+                most,
+            )
+    return result, True
+
+
+def _rejected(reports, tag, minion, sender, problem, data):
+    """The result of a rejected event, reported (a log line, a signed hana/storage/rejected and a
+    hana/storage/triaged) only when ``sender`` was not reported within ``report_interval``; the
+    report counts what was held back since (``held_back``)."""
+    result = {"action": "rejected", "minion": minion, **problem}
+    held_back = reports.due(sender)
+    if held_back is None:
+        return result, False
+    more = f" ({held_back} more rejected from {sender!r} since the last report)" if held_back else ""
+    log.warning("hana_storage: rejected %s: %s%s", tag[:300], problem["reason"], more)
+    rule = data.get("rule")
+    report = {"tag": tag, "claimed_minion": minion, **problem, "held_back": held_back}
+    _fire(REJECTED_TAG, {**report, "rule": rule if isinstance(rule, str) and len(rule) <= 64 else None})
+    return result, True
 
 
 def _handle(minion, findings, via):
@@ -578,7 +720,7 @@ def _call_remediate(minion, rules):
     client = salt.client.get_local_client(mopts=__opts__)
     try:
         return client.cmd(
-            minion,
+            [minion],  # a list of one: an id is never read as a list or a pattern
             "hana_storage.remediate",
             kwarg={"rules": rules},
             tgt_type="list",

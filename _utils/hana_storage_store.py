@@ -1,10 +1,10 @@
 """
 Where triage keeps what it has done, so that no occurrence of a finding is acted on twice: per
-minion and rule, the time of the last action (the cooldown), the occurrences handled, and the
-occurrences being handled now, each under a lease.
+minion and rule, the occurrences handled, the occurrences being handled now, each under a lease,
+and per finding the time of its last remediation (the cooldown).
 
-A record, ``{"at": time or None, "handled": {key: since}, "held": {key: {"since", "owner",
-"until"}}}``, changes only through the pure functions below (``claim``, ``renew``, ``complete``,
+A record, ``{"cooldown": {key: time}, "handled": {key: since}, "held": {key: {"since", "owner",
+"until"}}}`` (``key``: the finding's ``rule|volume|device``), changes only through the pure functions below (``claim``, ``renew``, ``complete``,
 ``release``), each inside one atomic read-modify-write of a store:
 
 * ``local`` (the default): a file per minion and rule under the master's cachedir, changed under
@@ -33,13 +33,31 @@ when due (its master died before its bus carried it, or the bus refused it) is `
 master claims it, due again a ``redeliver`` later, and puts it on its own bus, with the same
 ``event_id``. So what a master decided is never lost with it, nor decided twice; a consumer that
 must not see an event twice drops a repeated ``event_id`` (a master that died after its bus carried
-an event and before confirming it).
+an event and before confirming it). Only the outbox's two tags (``OUTBOX_TAGS``) leave it: any
+other entry is dropped and logged.
+
+Whoever can write to a Redis server is not a master. So every value the Redis store writes (a
+record, an outbox entry) carries an HMAC-SHA256 under a key only the masters hold: derived from
+the private key they share, ``<pki_dir>/master.pem`` (``mac_key``), and bound to the value's name
+(``action:<minion>@<rule>``, ``outbox:<event_id>``), so a value is not valid under another name.
+A Redis writer without master.pem can delete or replay what the masters wrote, not forge it:
+a record that does not verify is read as empty, so triage acts on the occurrence again, maybe
+twice (never silenced: the safe direction); an outbox entry that does not verify is dropped; a
+replayed one is an event the masters decided, sent again with its ``event_id``, which
+consumers drop as a repeat. Each cluster of hot masters has its own key prefix by default
+(``cluster_prefix``: from the master.pub they share), so two clusters on one Redis share no
+record, cooldown or outbox. The tallies (``HINCRBY``) carry no MAC: a Redis writer can change the
+metric ``hana_storage_triage_actions_total``, nothing triage decides.
 """
 
 import contextlib
 import fcntl
+import hashlib
+import hmac
 import json
+import logging
 import os
+import threading
 import time
 
 try:
@@ -54,6 +72,12 @@ TALLY_LOG = "tallies.log"  # the local store's completed actions, one line each,
 ROTATE_BYTES = 1 << 20  # a counted log this large is emptied (about 40,000 actions)
 WATCH_ATTEMPTS = 50  # a transaction retried this often lost to other masters every time
 REDELIVER = 60  # seconds: an event not confirmed by then is put on a bus again (hana_storage:lease)
+OUTBOX_TAGS = ("hana/storage/alert", "hana/storage/remediation")  # the only events the outbox holds
+MAC_LABEL = b"hana_storage store mac v1\0"  # what the store's MAC key is derived for (mac_key)
+MAC_HEX = 64  # a sealed value: the HMAC-SHA256 in hex, then the value
+NOTED_MAX = 256  # distinct causes of dropped or unverified store contents logged, then no more
+
+log = logging.getLogger(__name__)
 
 
 class StoreError(Exception):
@@ -65,30 +89,108 @@ def failures():
     return StoreError
 
 
+def mac_key(private_der):
+    """The store's MAC key: SHA-256 of a label and the masters' private key (DER). Hot masters
+    share master.pem, so they share this key; a Redis writer without master.pem cannot make it."""
+    return hashlib.sha256(MAC_LABEL + private_der).digest()
+
+
+def cluster_prefix(master_pub):
+    """The default Redis key prefix of a cluster of hot masters: ``hana_storage:`` and the first
+    16 hex digits of the SHA-256 of the master.pub they share (the bytes of the file, as
+    ``sha256sum <pki_dir>/master.pub`` prints it): another cluster has another key."""
+    return f"hana_storage:{hashlib.sha256(master_pub).hexdigest()[:16]}:"
+
+
+def seal(secret, name, text):
+    """``text`` as the Redis store writes it under ``name``: its MAC (hex), then the text."""
+    return _mac(secret, name, text) + text
+
+
+def unseal(secret, name, sealed):
+    """The text ``seal`` sealed under ``name``, or None when the MAC does not verify."""
+    sealed = sealed.decode("utf-8", "replace") if isinstance(sealed, bytes) else sealed
+    if not isinstance(sealed, str) or len(sealed) < MAC_HEX:
+        return None
+    text = sealed[MAC_HEX:]
+    return text if hmac.compare_digest(sealed[:MAC_HEX], _mac(secret, name, text)) else None
+
+
+def _mac(secret, name, text):
+    return hmac.new(secret, f"{name}\0{text}".encode(), hashlib.sha256).hexdigest()
+
+
+_NOTED, _NOTED_LOCK = set(), threading.Lock()
+
+
+def _note(cause, message, *args):
+    """Log a warning about what the store holds once per ``cause``, for at most NOTED_MAX causes:
+    whoever writes to the store must not fill the master's log."""
+    with _NOTED_LOCK:
+        if cause in _NOTED or len(_NOTED) > NOTED_MAX:
+            return
+        _NOTED.add(cause)
+        if len(_NOTED) > NOTED_MAX:
+            message, args = "hana_storage: more store contents were dropped; not logged further", ()
+    log.warning(message, *args)
+
+
+def outbox_entry(text, event_id):
+    """The event an outbox entry holds (``{"event_id", "tag", "data"}``), or (None, why) for an
+    entry that is not one: not JSON, another shape or event_id, a tag outside OUTBOX_TAGS."""
+    try:
+        event = json.loads(text)
+    except (TypeError, ValueError):
+        return None, "not JSON"
+    if (
+        not isinstance(event, dict)
+        or event.get("event_id") != event_id
+        or not isinstance(event.get("data"), dict)
+    ):
+        return None, "not an outbox event"
+    if event.get("tag") not in OUTBOX_TAGS:
+        return None, f"tag {str(event.get('tag'))[:100]!r}"
+    return event, None
+
+
+def _dropped(where, event_id, why):
+    _note(
+        ("outbox", where, why),
+        "hana_storage: an entry was dropped from the outbox of %s (%s): only the masters' own %s events "
+        "are sent (event_id %r)",
+        where,
+        why,
+        " and ".join(OUTBOX_TAGS),
+        str(event_id)[:64],
+    )
+
+
 # ---- the record and its changes (pure) -------------------------------------------------------
 
 
 def empty():
-    return {"at": None, "handled": {}, "held": {}}
+    return {"cooldown": {}, "handled": {}, "held": {}}
 
 
 def load(text):
     """The record in ``text``; one that is empty, unreadable or of another shape is empty (it never
-    blocks an action). An older record held only the time, or no leases."""
+    blocks an action). An older record held one cooldown for the minion and rule (``at``, or the
+    record was only that time), or no leases: that cooldown names no finding, so it cools none."""
     try:
         loaded = json.loads(text) if text else {}
     except ValueError:
         loaded = {}
-    if isinstance(loaded, int | float) and not isinstance(loaded, bool):
-        loaded = {"at": loaded}
     if not isinstance(loaded, dict):
         return empty()
     record = empty()
-    if isinstance(loaded.get("at"), int | float) and not isinstance(loaded["at"], bool):
-        record["at"] = loaded["at"]
-    for field in ("handled", "held"):
+    for field in ("cooldown", "handled", "held"):
         if isinstance(loaded.get(field), dict):
             record[field] = loaded[field]
+    record["cooldown"] = {
+        key: at
+        for key, at in record["cooldown"].items()
+        if isinstance(at, int | float) and not isinstance(at, bool)
+    }
     record["held"] = {
         key: lease
         for key, lease in record["held"].items()
@@ -106,7 +208,8 @@ def claim(record, now, key, since, cooldown, owner, lease):
 
     Returns ``{"verdict": ...}``: "act" (it holds the occurrence until ``now + lease``),
     "duplicate" (handled already), "held" (another claim's lease runs; ``retry_in`` seconds) or
-    "cooldown" (an action for this rule within the cooldown).
+    "cooldown" (this finding was acted on within ``cooldown`` seconds: triage passes the cooldown
+    for a remediation, and 0 for an alert, which every occurrence gets).
     """
     if record["handled"].get(key) == since:
         return {"verdict": "duplicate"}
@@ -114,9 +217,12 @@ def claim(record, now, key, since, cooldown, owner, lease):
     taking_over = held is not None and held.get("since") == since
     if taking_over and held["until"] > now:
         return {"verdict": "held", "retry_in": round(held["until"] - now, 3)}
-    if not taking_over and record["at"] is not None and record["at"] <= now < record["at"] + cooldown:
+    # cooldowns that ran out are dropped: the record keeps one per finding cooling down now
+    record["cooldown"] = {k: at for k, at in record["cooldown"].items() if at <= now < at + cooldown}
+    if not taking_over and key in record["cooldown"]:
         return {"verdict": "cooldown"}
-    record["at"] = now
+    if cooldown > 0:
+        record["cooldown"][key] = now
     record["held"][key] = {"since": since, "owner": owner, "until": now + lease}
     return {"verdict": "act", "took_over": taking_over}
 
@@ -147,7 +253,7 @@ def release(record, key, owner, keep_cooldown):
         return False
     del record["held"][key]
     if not keep_cooldown:
-        record["at"] = None
+        record["cooldown"].pop(key, None)
     return True
 
 
@@ -156,6 +262,10 @@ def release(record, key, owner, keep_cooldown):
 
 class LocalStore:
     """Records as files under ``<cachedir>/hana_storage/actions``, one per minion and rule.
+
+    No MAC here: the files are the master user's, in its 0700 cachedir, and whoever can write them
+    can read master.pem too (the same user, or root), and so make any MAC. The outbox's entries
+    are checked all the same (``outbox_entry``): only its two tags are ever sent.
 
     Tallies: each completed action appends its name to a log (``tallies.log``) holding a shared
     lock, so that actions on different records never wait for each other; ``tallies()`` counts
@@ -208,10 +318,16 @@ class LocalStore:
                     if os.stat(path).st_mtime > now:
                         continue
                     with open(path, encoding="utf-8") as handle:
-                        event = json.load(handle)
+                        text = handle.read()
                     os.utime(path, (now + self.redeliver, now + self.redeliver))
                 except (OSError, ValueError):
-                    continue  # confirmed meanwhile, or half-written by a master that died: not an event
+                    continue  # confirmed meanwhile: not an event
+                event, why = outbox_entry(text, name[: -len(".json")])
+                if why:  # half-written by a master that died, or not the masters' own
+                    _dropped(self.outbox, name, why)
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
+                    continue
                 claimed.append(event)
                 if len(claimed) == limit:
                     break
@@ -310,15 +426,21 @@ class LocalStore:
 
 class RedisStore:
     """Records as Redis keys ``<prefix>action:<minion>@<rule>``, the tallies as the hash
-    ``<prefix>tallies``; every change is one ``WATCH``/``MULTI`` transaction timed by the server."""
+    ``<prefix>tallies``; every change is one ``WATCH``/``MULTI`` transaction timed by the server.
+    Records and outbox entries are sealed with ``secret`` (``mac_key``: the masters' shared key)."""
 
     driver = "redis"
 
-    def __init__(self, url, prefix="hana_storage:", timeout=5, redeliver=REDELIVER):
+    def __init__(self, url, prefix, secret, timeout=5, redeliver=REDELIVER):
         if redis is None:
             raise StoreError(
                 "the redis store needs the Python package redis on the master (requirements/master.in)"
             )
+        if not isinstance(secret, bytes) or not secret:
+            raise StoreError("the redis store needs the masters' shared key (from master.pem)")
+        if not isinstance(prefix, str) or not prefix:
+            raise StoreError(f"hana_storage:store:prefix must be a non-empty string, not {prefix!r}")
+        self.secret = secret
         try:
             self.client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
         except ValueError as error:
@@ -327,22 +449,34 @@ class RedisStore:
         self.redeliver = redeliver
 
     def update(self, minion, rule, change, tally=None, outbox=None):
-        key = f"{self.prefix}action:{minion}@{rule}"
+        name = f"action:{minion}@{rule}"
+        key = self.prefix + name
 
         def read_change_write(pipe, now):
-            text = pipe.get(key)
-            record = load(text.decode() if text else "")
+            sealed = pipe.get(key)
+            text = unseal(self.secret, name, sealed) if sealed else ""
+            if text is None:
+                _note(
+                    ("record", name),
+                    "hana_storage: the record %s in Redis does not verify with the masters' key: "
+                    "read as empty (its occurrences may be acted on again)",
+                    key,
+                )
+            record = load(text or "")
             before = dump(record)
             result = change(record, now)
-            name = tally(result) if tally else None
+            tally_name = tally(result) if tally else None
             pipe.multi()
             if dump(record) != before:
-                pipe.set(key, dump(record))
-            if name:
-                pipe.hincrby(self.prefix + TALLY, name, 1)
+                pipe.set(key, seal(self.secret, name, dump(record)))
+            if tally_name:
+                pipe.hincrby(self.prefix + TALLY, tally_name, 1)
             for event in outbox(result) if outbox else ():
+                text = json.dumps(event, sort_keys=True, default=str)
                 pipe.hset(
-                    self.prefix + OUTBOX, event["event_id"], json.dumps(event, sort_keys=True, default=str)
+                    self.prefix + OUTBOX,
+                    event["event_id"],
+                    seal(self.secret, f"outbox:{event['event_id']}", text),
                 )
                 pipe.zadd(self.prefix + DUE, {event["event_id"]: now + self.redeliver})
             return result, True
@@ -370,12 +504,21 @@ class RedisStore:
             texts = pipe.hmget(self.prefix + OUTBOX, event_ids)
             pipe.multi()
             pipe.zadd(due, dict.fromkeys(event_ids, now + self.redeliver), xx=True)
-            return texts, True
+            return list(zip(event_ids, texts, strict=True)), True
 
-        events = []
-        for text in self._transaction(due, claim_overdue):
-            with contextlib.suppress(TypeError, ValueError):  # confirmed meanwhile: nothing
-                events.append(json.loads(text))
+        events, dropped = [], []
+        for event_id, sealed in self._transaction(due, claim_overdue):
+            if sealed is None:
+                continue  # confirmed meanwhile: nothing
+            event_id = event_id.decode("utf-8", "replace")
+            text = unseal(self.secret, f"outbox:{event_id}", sealed)
+            event, why = outbox_entry(text, event_id) if text is not None else (None, "no valid MAC")
+            if why:
+                _dropped(f"Redis ({self.prefix})", event_id, why)
+                dropped.append(event_id)
+            else:
+                events.append(event)
+        self.confirm(dropped)
         return events
 
     def _transaction(self, watched, body):
@@ -417,24 +560,32 @@ def _event_file(event_id):
     return f"{event_id}.json"
 
 
-def open_store(settings, cachedir, redeliver=REDELIVER):
+def open_store(settings, cachedir, redeliver=REDELIVER, cluster=None):
     """The store the triage settings name: ``{"driver": "local"}`` (default) or ``{"driver":
-    "redis", "url": "redis://host:6379/0", "prefix": "hana_storage:"}``. StoreError for
-    settings it cannot use."""
+    "redis", "url": "redis://host:6379/0", "prefix": "..."}``. ``cluster``: (the MAC key, the
+    default prefix) of this master's cluster (``mac_key``, ``cluster_prefix``), which the redis
+    driver needs; an explicit ``prefix`` wins. StoreError for settings it cannot use."""
     settings = settings or {}
     if not isinstance(settings, dict):
         raise StoreError(f"hana_storage:store must be a mapping, not {settings!r}")
     driver = settings.get("driver", "local")
-    ident = (driver, settings.get("url"), settings.get("prefix"), cachedir, redeliver)
+    secret, prefix = cluster or (None, None)
+    prefix = settings.get("prefix") or prefix
+    ident = (
+        driver,
+        settings.get("url"),
+        prefix,
+        secret and hashlib.sha256(secret).digest(),
+        cachedir,
+        redeliver,
+    )
     if ident not in _OPENED:
         if driver == "local":
             _OPENED[ident] = LocalStore(cachedir, redeliver)
         elif driver == "redis":
             if not isinstance(settings.get("url"), str):
                 raise StoreError("hana_storage:store:url is needed for the redis driver")
-            _OPENED[ident] = RedisStore(
-                settings["url"], settings.get("prefix") or "hana_storage:", redeliver=redeliver
-            )
+            _OPENED[ident] = RedisStore(settings["url"], prefix, secret, redeliver=redeliver)
         else:
             raise StoreError(f"hana_storage:store:driver {driver!r} is not one of local, redis")
     return _OPENED[ident]

@@ -38,7 +38,7 @@ from tests.support.master import (
     pillar_tree,
     started_hot_masters,
 )
-from tests.support.redis_store import redis_server
+from tests.support.redis_store import STORE_ACL, as_user, redis_server
 
 # Regression (3008.5): a minion connected to two masters runs its beacons in its main process,
 # and the full audit's first salt:// fetch, made in the tick, waited for that process's loop
@@ -68,8 +68,11 @@ def hot(salt_factories, tmp_path_factory, event_listener, key_file):
     }
     pillar = pillar_tree(tmp_path_factory.mktemp("hot-pillar"), storage)
     with contextlib.ExitStack() as stack:
-        url = stack.enter_context(redis_server(tmp_path_factory.mktemp("hot-redis")))
-        settings = {"cooldown": 3600, "lease": LEASE, "store": {"driver": "redis", "url": url}}
+        # the masters' user may run the store's commands on the store's keys only
+        users = {"hana": ("hana-store-password", f"~hana_storage:* {STORE_ACL}")}
+        url = stack.enter_context(redis_server(tmp_path_factory.mktemp("hot-redis"), users=users))
+        store = {"driver": "redis", "url": as_user(url, "hana", "hana-store-password")}
+        settings = {"cooldown": 3600, "lease": LEASE, "store": store}
         exporters = {"hana-hot-a": free_port(), "hana-hot-b": free_port()}
         addresses = {"hana-hot-a": "127.0.0.1", "hana-hot-b": "127.0.0.2"}
         configs = hot_peers(pillar, addresses, exporters, hana_storage=settings)
@@ -153,13 +156,17 @@ def test_a_master_killed_while_remediating_is_taken_over(hot, event_listener, ke
     masters, minions, url = hot
     started = time.time()
     store = redis.Redis.from_url(url)
+    # the masters' keys, under their cluster's prefix (both have the same master.pub)
+    with open(os.path.join(masters[0].factory.config["pki_dir"], "master.pub"), "rb") as pub:
+        prefix = hana_storage_store.cluster_prefix(pub.read())
     key_file.chmod(0o644)  # HANA-KEY-001 on both minions at their beacons' next full audits
 
     def claimant():
         """(master, minion) of a claim on HANA-KEY-001 held now (the lease's owner starts with the
         master's id), or None."""
-        for name in store.scan_iter("hana_storage:action:*@HANA-KEY-001"):
-            for lease in hana_storage_store.load((store.get(name) or b"").decode())["held"].values():
+        for name in store.scan_iter(f"{prefix}action:*@HANA-KEY-001"):
+            record = (store.get(name) or b"").decode()[hana_storage_store.MAC_HEX :]  # past its MAC
+            for lease in hana_storage_store.load(record)["held"].values():
                 holder = next(m for m in masters if str(lease.get("owner", "")).startswith(f"{m.id}/"))
                 return holder, name.decode().split(":")[-1].split("@")[0]
         return None
@@ -192,4 +199,5 @@ def test_a_master_killed_while_remediating_is_taken_over(hot, event_listener, ke
     assert survivor.metric("hana_storage_triage_actions_total", **labels) == len(minions)
     # every outcome carried by a bus and confirmed: what the victim left unconfirmed, the survivor
     # sent again and its engine confirmed
-    wait_until(lambda: store.hlen("hana_storage:outbox") == 0, timeout=LEASE + 60, what="an empty outbox")
+    wait_until(lambda: store.hlen(f"{prefix}outbox") == 0, timeout=LEASE + 60, what="an empty outbox")
+    assert any(store.scan_iter(f"{prefix}action:*")), "the records are under the cluster's prefix"

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import hana_storage_events as events
+import hana_storage_limits as limits
 import hana_storage_pillar as pillar
 import hana_storage_rules as rules
 import hana_storage_store as store
@@ -36,6 +37,7 @@ UTILS = {f"hana_storage_events.{n}": getattr(events, n) for n in dir(events) if 
 UTILS |= {f"hana_storage_rules.{n}": getattr(rules, n) for n in dir(rules) if not n.startswith("_")}
 UTILS |= {f"hana_storage_tab.{n}": getattr(tab, n) for n in dir(tab) if not n.startswith("_")}
 UTILS |= {f"hana_storage_store.{n}": getattr(store, n) for n in dir(store) if not n.startswith("_")}
+UTILS |= {f"hana_storage_limits.{n}": getattr(limits, n) for n in dir(limits) if not n.startswith("_")}
 
 
 def finding(rule="HANA-PERF-002", volume="data", device="/dev/mapper/hana_data"):
@@ -385,7 +387,7 @@ def test_forgeries_are_rejected(runner, pki):
             "bad_signature",
         ),
         "unknown minion": ("salt/beacon/ghost/hana_storage/violation", genuine, "unknown_minion"),
-        "glob as id": ("salt/beacon/*/hana_storage/violation", genuine, "unknown_minion"),
+        "glob as id": ("salt/beacon/*/hana_storage/violation", genuine, "bad_minion_id"),
         "garbage signature": (
             "salt/beacon/db1/hana_storage/violation",
             {**genuine, "sig": "@@"},
@@ -411,6 +413,7 @@ def test_flood_gets_one_action_per_minion_and_rule(runner, pki):
     the events that came while it ran find the occurrence held, the later ones handled."""
     from concurrent.futures import ThreadPoolExecutor
 
+    runner.__opts__["hana_storage"] = {"cooldown": 300, "event_burst": 20_000}  # no rate limit here
     data = signed(pki, "db1", {"tag": "violation", **finding()})
     with ThreadPoolExecutor(10) as pool:
         actions = list(
@@ -580,25 +583,51 @@ def test_the_audit_event_handles_a_lost_reaction_once(runner, pki):
     assert runner.triage(tag + "audit", forged)["action"] == "rejected"
 
 
-def test_a_finding_deferred_by_the_cooldown_is_handled_by_a_later_audit(runner, pki):
-    """One rule on two volumes within the cooldown: one alert now, the other after the cooldown."""
-    tag, now = "salt/beacon/db1/hana_storage/", time.time()
-    data, log = finding("HANA-ENC-001"), finding("HANA-ENC-001", "log", "/dev/vdc")
-    assert runner.triage(tag + "violation", violation(pki, "db1", data, now - 100))["action"] == "alerted"
-    assert runner.triage(tag + "violation", violation(pki, "db1", log, now - 98))["action"] == "cooldown"
-    summary = audit(pki, "db1", [(data, now - 100), (log, now - 98)])
-    assert [r["action"] for r in runner.triage(tag + "audit", summary)["findings"]] == [
-        "duplicate",
-        "cooldown",
-    ]
-    record = Path(runner.__opts__["cachedir"]) / "hana_storage" / "actions" / "db1@HANA-ENC-001"
+def cooldown_passed(runner, minion, rule):
+    """Move the cooldowns of a local record 301 s back: the runner's 300 s have passed."""
+    record = Path(runner.__opts__["cachedir"]) / "hana_storage" / "actions" / f"{minion}@{rule}"
     stored = json.loads(record.read_text())
-    record.write_text(json.dumps({**stored, "at": stored["at"] - 301}))  # the cooldown has passed
+    record.write_text(
+        json.dumps({**stored, "cooldown": {k: at - 301 for k, at in stored["cooldown"].items()}})
+    )
+
+
+def test_a_manual_finding_is_alerted_whatever_the_cooldown(runner, pki):
+    """Regression (issue 29, item 7): the cooldown was per minion and rule, so a HANA-KEY-005 alert
+    on one volume made the same rule on another volume, 5 s later, a ``cooldown``: not recorded,
+    and never alerted if gone by the next full audit. A manual finding is alerted every
+    occurrence (a repeated event of one occurrence stays a duplicate)."""
+    tag, now = "salt/beacon/db1/hana_storage/", time.time()
+    log = finding("HANA-KEY-005", "hana_log_0", "/dev/mapper/hana_log_0")
+    data = finding("HANA-KEY-005", "hana_data", "/dev/mapper/hana_data")
+    assert runner.triage(tag + "violation", violation(pki, "db1", log, now - 10))["action"] == "alerted"
+    assert runner.triage(tag + "violation", violation(pki, "db1", data, now - 5))["action"] == "alerted"
+    assert runner.triage(tag + "violation", violation(pki, "db1", data, now - 5))["action"] == "duplicate"
+    again = violation(pki, "db1", log, now)  # the same finding again: a new occurrence
+    assert runner.triage(tag + "violation", again)["action"] == "alerted"
+    alerts = [d["volume"] for t, d in runner.fired if t == "hana/storage/alert"]
+    assert alerts == ["hana_log_0", "hana_data", "hana_log_0"]
+
+
+def test_a_remediation_cools_down_its_finding_only(runner, pki):
+    """One auto rule on two volumes: both fixed at once. The same finding again within the
+    cooldown waits, and a later audit event fixes it once the cooldown has passed."""
+    tag, now = "salt/beacon/db1/hana_storage/", time.time()
+    data, log = finding("HANA-PERF-002"), finding("HANA-PERF-002", "log", "/dev/mapper/hana_log")
+    assert runner.triage(tag + "violation", violation(pki, "db1", data, now - 100))["action"] == "remediated"
+    assert runner.triage(tag + "violation", violation(pki, "db1", log, now - 98))["action"] == "remediated"
+    assert runner.triage(tag + "violation", violation(pki, "db1", data, now - 50))["action"] == "cooldown"
+    summary = audit(pki, "db1", [(data, now - 50), (log, now - 98)])
     assert [r["action"] for r in runner.triage(tag + "audit", summary)["findings"]] == [
+        "cooldown",
         "duplicate",
-        "alerted",
     ]
-    assert runner.fired[-1][1]["volume"] == "log"
+    cooldown_passed(runner, "db1", "HANA-PERF-002")
+    assert [r["action"] for r in runner.triage(tag + "audit", summary)["findings"]] == [
+        "duplicate",  # the log volume's (a remediation's result comes after the others)
+        "remediated",
+    ]
+    assert [c["minion"] for c in runner.remediate_calls] == ["db1"] * 3
 
 
 def test_an_audit_event_remediates_its_auto_findings_in_one_call(runner, pki):
@@ -809,11 +838,9 @@ def test_only_a_verified_fix_counts_anything_else_alerts_and_is_released(runner,
         KEY_FILE,
     )
     assert (alert["result"], alert["reason"], alert["remediation"]) == (result, reason, "auto")
-    # released: the same occurrence is not a duplicate; the alert keeps the rule's cooldown
+    # released: the same occurrence is not a duplicate; the alert keeps the finding's cooldown
     assert runner.triage(tag, event)["action"] == "cooldown"
-    record = Path(runner.__opts__["cachedir"]) / "hana_storage" / "actions" / "db1@HANA-KEY-001"
-    stored = json.loads(record.read_text())
-    record.write_text(json.dumps({**stored, "at": stored["at"] - 301}))  # the cooldown has passed
+    cooldown_passed(runner, "db1", "HANA-KEY-001")
     again = runner.triage("salt/beacon/db1/hana_storage/audit", audit(pki, "db1", [(key_finding(), since)]))
     assert [r["action"] for r in again["findings"]] == ["remediation-failed"]
     assert len(runner.remediate_calls) == 2
@@ -1263,3 +1290,299 @@ def test_each_thread_keeps_one_bus_connection_and_drops_a_failed_one(runner, mon
     monkeypatch.setattr(fresh.salt.utils.event, "get_master_event", connect)
     assert [fresh._send("t", {}) for _ in range(4)] == [True, True, False, True]
     assert len(made) == 2 and made[0].destroyed and not made[1].destroyed
+
+
+# ---- minion ids that are targets, not ids (issue 29, item 5) ----------------------------------------
+
+
+@pytest.mark.parametrize("minion", ["evil,db2", "db*", "db?", "db[12]", "db 2", "db\t2", " db2"])
+def test_an_id_with_list_or_glob_characters_is_rejected_before_anything(runner, pki, keys, minion):
+    """Regression (issue 29, item 5): an accepted minion ``evil,db2`` signed its own violation of an
+    auto rule, and triage targeted ``"evil,db2"`` as a list: db2 ran hana_storage.remediate."""
+    (pki / "minions" / minion).write_text(keys["db1"][1])  # accepted, with db1's key pair
+    (pki / f"{minion}.pem").write_text(keys["db1"][0])
+    tag = f"salt/beacon/{minion}/hana_storage/violation"
+    data = violation(pki, minion, finding(), time.time())
+    assert runner.verify(tag, data)["code"] == "bad_minion_id"
+    result = runner.triage(tag, data)
+    assert (result["action"], result["code"]) == ("rejected", "bad_minion_id")
+    assert runner.remediate_calls == []
+
+
+def test_remediate_targets_a_list_of_one_id(runner, monkeypatch):
+    """The id is one element of the target list, never a list spelled as text."""
+    fresh = load("_runners/hana_storage.py", "runner_targeting")
+    fresh.__opts__ = runner.__opts__
+    calls = []
+
+    class Client:
+        def cmd(self, tgt, fun, **kwargs):
+            calls.append((tgt, fun, kwargs["tgt_type"]))
+            return {}
+
+        def destroy(self):
+            pass
+
+    monkeypatch.setattr(fresh.salt.client, "get_local_client", lambda **kwargs: Client())
+    fresh._call_remediate("db1", ["HANA-PERF-002"])
+    assert calls == [(["db1"], "hana_storage.remediate", "list")]
+
+
+# ---- the shared store's writers are not the master (issue 29, item 4) --------------------------------
+
+
+def test_a_redis_writer_cannot_have_the_master_sign_its_events(two_masters, pki, caplog):
+    """Regression (issue 29, item 4): whoever could write to Redis put entries into the outbox
+    (tag ``salt/auth``, and a made-up remediation ``fixed``), and ``redeliver`` signed and sent
+    them with master.pem. Only the outbox's two tags, under a MAC of the masters' shared key."""
+    import redis
+
+    a, _b = two_masters
+    prefix = a.__opts__["hana_storage"]["store"]["prefix"]
+    writer = redis.Redis.from_url(a.__opts__["hana_storage"]["store"]["url"])
+    made_up = {
+        "e1": {"event_id": "e1", "tag": "salt/auth", "data": {"id": "db1", "act": "accept"}},
+        "e2": {
+            "event_id": "e2",
+            "tag": "hana/storage/remediation",
+            "data": {"minion": "db1", "rule": "HANA-PERF-002", "result": "fixed", "reason": "verified"},
+        },
+    }
+    for event_id, event in made_up.items():
+        writer.hset(prefix + "outbox", event_id, json.dumps(event))
+        writer.zadd(prefix + "outbox-due", {event_id: 0})
+    assert a.redeliver() == 0 and a.fired == []
+    assert writer.hlen(prefix + "outbox") == writer.zcard(prefix + "outbox-due") == 0, "dropped"
+    assert "dropped from the outbox" in caplog.text and "salt/auth" not in str(a.fired)
+
+
+def test_a_redis_writer_cannot_mark_an_occurrence_handled(two_masters, pki, caplog):
+    """A record forged in Redis (the occurrence "handled", to silence its alert) does not verify:
+    it is read as empty, so triage acts (acting again is the safe direction), and it says so."""
+    import redis
+
+    a, _b = two_masters
+    prefix = a.__opts__["hana_storage"]["store"]["prefix"]
+    found = finding("HANA-ENC-001")
+    data = violation(pki, "db1", found, time.time())
+    forged = {"handled": {events.finding_key(found): data["ts"]}, "held": {}, "cooldown": {}}
+    writer = redis.Redis.from_url(a.__opts__["hana_storage"]["store"]["url"])
+    writer.set(prefix + "action:db1@HANA-ENC-001", json.dumps(forged))
+    assert a.triage("salt/beacon/db1/hana_storage/violation", data)["action"] == "alerted"
+    assert "does not verify" in caplog.text
+
+
+def test_two_clusters_on_one_redis_share_nothing(runner, pki, keys, redis_url, tmp_path):
+    """Two clusters (other master keys) on one Redis: by default each has a prefix of its own, from
+    its master.pub, so one cluster's records never make the other's findings duplicates."""
+    import hashlib
+
+    other_pki = tmp_path / "other-pki"
+    (other_pki / "minions").mkdir(parents=True)
+    (other_pki / "master.pem").write_text(keys["db2"][0])  # another cluster's master key
+    (other_pki / "master.pub").write_text(keys["db2"][1])
+    (other_pki / "minions" / "db1").write_text(keys["db1"][1])
+    clusters = []
+    for name, directory in (("one", pki), ("two", other_pki)):
+        master = load("_runners/hana_storage.py", f"runner_cluster_{name}")
+        for attribute in ("__utils__", "_call_remediate", "minion_ret", "remediate_calls"):
+            setattr(master, attribute, getattr(runner, attribute))
+        record_fired(master)
+        settings = {"cooldown": 300, "store": {"driver": "redis", "url": redis_url}}
+        master.__opts__ = {**runner.__opts__, "pki_dir": str(directory), "hana_storage": settings}
+        clusters.append(master)
+    data = violation(pki, "db1", finding("HANA-ENC-001"), time.time())
+    tag = "salt/beacon/db1/hana_storage/violation"
+    assert [c.triage(tag, data)["action"] for c in clusters] == ["alerted", "alerted"]
+    digest = hashlib.sha256((pki / "master.pub").read_bytes()).hexdigest()[:16]
+    assert clusters[0]._store().prefix == f"hana_storage:{digest}:"
+
+
+# ---- what one minion may cost triage (issue 29, item 11) ---------------------------------------------
+
+
+def many_findings(n):
+    """n open findings of one manual rule, each on a volume of its own."""
+    return [(finding("HANA-ENC-001", f"v{i:04d}", f"/dev/vd{i}"), 100.0 + i) for i in range(n)]
+
+
+def test_an_audit_event_is_triaged_for_at_most_max_audit_findings(runner, pki, caplog):
+    """Regression (issue 29, item 11): an audit event with 5,000 findings held a triage thread for
+    0.7 s and made a 325 KB signed event. The first ``max_audit_findings`` are triaged, the rest
+    counted in the result and logged."""
+    runner.__opts__["hana_storage"] = {"cooldown": 300, "max_audit_findings": 10}
+    data = signed(pki, "db1", beacon_events.audit_data(many_findings(30), volumes=()), event="audit")
+    result = runner.triage("salt/beacon/db1/hana_storage/audit", data)
+    assert len(result["findings"]) == 10 and result["dropped"] == 20, result
+    assert "20 more open findings" in caplog.text
+
+
+def test_an_event_too_large_is_rejected_before_its_signature_is_checked(runner, pki, monkeypatch):
+    runner.__opts__["hana_storage"] = {"cooldown": 300, "max_event_bytes": 4096}
+    data = signed(pki, "db1", beacon_events.audit_data(many_findings(60), volumes=()), event="audit")
+    assert len(json.dumps(data)) > 4096
+    checked = []
+    monkeypatch.setattr(runner.salt.crypt, "verify_signature", lambda *args, **kwargs: checked.append(1))
+    result = runner.triage("salt/beacon/db1/hana_storage/audit", data)
+    assert (result["action"], result["code"]) == ("rejected", "too_large"), result
+    assert [t for t, _d in runner.fired] == ["hana/storage/rejected"] and checked == []
+
+
+def test_a_flood_from_one_minion_is_rate_limited(runner, pki):
+    """Beyond its bucket a minion's events are dropped unverified: counted, and reported once per
+    interval (one hana/storage/rejected, no hana/storage/triaged each); other minions go on."""
+    runner.__opts__["hana_storage"] = {"cooldown": 300, "event_burst": 3, "event_rate": 0.001}
+    tag = "salt/beacon/db1/hana_storage/violation"
+    results = [
+        runner.triage(tag, violation(pki, "db1", finding("HANA-ENC-001", f"v{n}"), time.time()))
+        for n in range(10)
+    ]
+    assert [r["action"] for r in results] == ["alerted"] * 3 + ["rejected"] * 7
+    assert {r["code"] for r in results[3:]} == {"rate_limited"}
+    assert [t for t, _d in runner.fired].count("hana/storage/rejected") == 1
+    assert len(runner.triaged) == 4, "the three triaged and the one reported"
+    other = violation(pki, "db2", finding("HANA-ENC-001"), time.time())
+    assert runner.triage("salt/beacon/db2/hana_storage/violation", other)["action"] == "alerted"
+
+
+def test_forged_events_cost_one_report_per_claimed_minion_and_interval(runner, pki, caplog):
+    """Each forged event cost two signed master events and a log line. Now a rejection is
+    reported (logged, hana/storage/rejected, hana/storage/triaged) once per interval per claimed
+    minion - made-up ids share one - with the number held back since."""
+    runner.__opts__["hana_storage"] = {"cooldown": 300, "report_interval": 0.5}
+    genuine = violation(pki, "db1", finding("HANA-ENC-001"), time.time())
+    for n in range(20):
+        result = runner.triage("salt/beacon/db1/hana_storage/violation", {**genuine, "sig": "AAAA"})
+        assert (result["action"], result["code"]) == ("rejected", "bad_signature")
+        result = runner.triage(f"salt/beacon/ghost-{n}/hana_storage/violation", genuine)
+        assert (result["action"], result["code"]) == ("rejected", "unknown_minion")
+    rejected = [d for t, d in runner.fired if t == "hana/storage/rejected"]
+    assert [(d["claimed_minion"], d["held_back"]) for d in rejected] == [("db1", 0), ("ghost-0", 0)]
+    assert len(runner.triaged) == 2 and caplog.text.count("rejected salt/beacon/") == 2
+    real_sleep(0.6)
+    runner.triage("salt/beacon/db1/hana_storage/violation", {**genuine, "sig": "AAAA"})
+    assert runner.fired[-1][1]["held_back"] == 19
+
+
+def test_the_rate_limit_holds_on_the_engines_path(runner, pki, tmp_path):
+    """The triage engine's threads share the runner module, and so its buckets: a flood handed off
+    over the engine's socket is triaged up to the burst, and reported once."""
+    import os
+    import shutil
+    import tempfile
+
+    from tests.unit.test_triage_engine import eventually, hand_off, load_engine, running
+
+    runner.__opts__["hana_storage"] = {"cooldown": 300, "event_burst": 5, "event_rate": 0.001}
+    sock_dir = tempfile.mkdtemp(prefix=f"hsf-{os.getpid()}-", dir="/tmp")  # AF_UNIX paths are short
+    try:
+        path = running(load_engine(), sock_dir, runner.triage)
+        tag = "salt/beacon/db1/hana_storage/violation"
+        flood = [violation(pki, "db1", finding("HANA-ENC-001", f"v{n}"), time.time()) for n in range(30)]
+        hand_off(path, *({"tag": tag, "data": data} for data in flood))
+        eventually(lambda: len(runner.triaged) == 6, f"five triaged and one report: {runner.triaged}")
+        real_sleep(1)
+        assert [d["result"]["action"] for _t, d in runner.triaged].count("alerted") == 5
+        assert [t for t, _d in runner.fired].count("hana/storage/rejected") == 1
+        assert len(runner.triaged) == 6
+    finally:
+        shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def test_the_limits_ship_as_their_defaults_and_a_bad_one_falls_back(runner, caplog):
+    import yaml
+
+    shipped = yaml.safe_load((REPO / "conf" / "master.d" / "hana-storage.conf").read_text())["hana_storage"]
+    assert {name: shipped[name] for name in runner.LIMITS} == {
+        name: runner.DEFAULTS[name] for name in runner.LIMITS
+    }
+    runner.__opts__["hana_storage"] = {"event_burst": "many", "event_rate": 0, "max_event_bytes": True}
+    for _ in range(3):
+        config = runner._config()
+    assert (config["event_burst"], config["event_rate"], config["max_event_bytes"]) == (200, 5, 262144)
+    assert caplog.text.count("is not a positive number") == 3, "once each"
+
+
+# ---- the exporter's series are the master's, and bounded (issue 29, item 10) ---------------------------
+
+
+def series(registry, name):
+    """{labels: value} of one metric's samples."""
+    return {
+        tuple(sorted(sample.labels.items())): sample.value
+        for family in registry.collect()
+        for sample in family.samples
+        if sample.name == name
+    }
+
+
+def test_exporter_labels_come_from_the_masters_rule_table(exporter):
+    """Regression (issue 29, item 10): 2,000 validly signed events from one minion made 2,000
+    series in each of four metrics, their rule, severity, volume and event name taken from the
+    event. Rule and severity come from the master's table (an unknown rule counts as "unknown"),
+    event names from a fixed set, at most MAX_VOLUMES volumes per minion."""
+    module, metrics, registry = exporter
+    for n in range(200):
+        made_up = {**finding(), "rule": f"MADE-UP-{n}", "severity": f"s{n}", "volume": f"vol{n}"}
+        module.handle(
+            metrics,
+            "salt/beacon/db1/hana_storage/violation",
+            events.finding_event("violation", made_up, "uevent", 1.0),
+        )
+        module.handle(metrics, f"salt/beacon/db1/hana_storage/made-up-{n}", {"ts": 1.0})
+    lying = {**finding("HANA-ENC-001"), "severity": "low"}
+    module.handle(
+        metrics,
+        "salt/beacon/db1/hana_storage/violation",
+        events.finding_event("violation", lying, "uevent", 1.0),
+    )
+    violations = series(registry, "hana_storage_violations_total")
+    assert violations == {
+        (("minion", "db1"), ("rule", "unknown"), ("severity", "unknown")): 200.0,
+        (("minion", "db1"), ("rule", "HANA-ENC-001"), ("severity", "critical")): 1.0,
+    }
+    assert len(series(registry, "hana_storage_findings")) == 2
+    assert len(series(registry, "hana_storage_compliant")) == module.MAX_VOLUMES == 32
+    assert set(series(registry, "hana_storage_events_total")) == {
+        (("event", "other"),),
+        (("event", "violation"),),
+    }
+
+
+def test_exporter_drops_the_series_of_volumes_and_minions_that_are_gone(exporter):
+    """A stale 0 or 1 keeps an alert firing: a volume no longer in a minion's audit event loses its
+    compliant series, and a minion whose key is no longer accepted loses all its series."""
+    module, _metrics, registry = exporter
+    accepted = {"db1", "db2"}
+    metrics = module.Metrics(CollectorRegistry(), accepted=lambda minion: minion in accepted)
+    registry = metrics.registry
+
+    def audit_of(volumes, found=()):
+        report = {
+            "compliant": not found,
+            "findings": list(found),
+            "volumes": {v: {"compliant": True, "rules": [], "mountpoint": f"/hana/{v}"} for v in volumes},
+        }
+        return events.audit_event(report, "full", 0.1, 1000.0, {events.finding_key(f): 1.0 for f in found})
+
+    for minion in ("db1", "db2"):
+        module.handle(
+            metrics, f"salt/beacon/{minion}/hana_storage/audit", audit_of(("data", "log"), [finding()])
+        )
+        module.handle(metrics, "hana/storage/alert", {"minion": minion, "rule": "HANA-ENC-001"})
+        violated = events.finding_event("violation", finding(), "uevent", 1001.0)
+        module.handle(metrics, f"salt/beacon/{minion}/hana_storage/violation", violated)
+    module.handle(metrics, "salt/beacon/db1/hana_storage/audit", audit_of(("data",)))
+    assert sorted(
+        dict(k)["volume"] for k in series(registry, "hana_storage_compliant") if dict(k)["minion"] == "db1"
+    ) == ["data"]
+    accepted.discard("db2")
+    metrics.prune()
+    for name in (
+        "hana_storage_compliant",
+        "hana_storage_findings",
+        "hana_storage_violations_total",
+        "hana_storage_alerts_total",
+        "hana_storage_last_audit_timestamp_seconds",
+    ):
+        assert {dict(k)["minion"] for k in series(registry, name)} == {"db1"}, name

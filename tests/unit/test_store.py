@@ -1,6 +1,7 @@
 """The triage store: the record's changes (pure), and both drivers - local files and a real
 redis-server - deciding one claim among concurrent masters."""
 
+import hashlib
 import json
 import threading
 import time
@@ -8,7 +9,11 @@ import time
 import hana_storage_store as store
 import pytest
 
+from tests.support.redis_store import STORE_ACL, as_user, redis_server
+
 KEY, SINCE = "HANA-ENC-001|data|/dev/vdb", 1000.0
+OTHER = "HANA-ENC-001|log|/dev/vdc"  # the same rule on another volume
+SECRET = store.mac_key(b"a master key")  # what the masters of one cluster share
 
 
 # ---- the record (pure) ---------------------------------------------------------------------------
@@ -60,10 +65,35 @@ def test_an_unreadable_record_never_blocks_an_action(text):
     assert store.claim(record, 10.0, KEY, SINCE, 300, "a", 60)["verdict"] == "act"
 
 
-def test_an_older_record_keeps_its_cooldown():
-    assert store.load("1234.5") == {**store.empty(), "at": 1234.5}
+def test_an_older_record_loads_without_its_rules_cooldown():
+    """A record from before the cooldown per finding held one time per minion and rule (``at``, or
+    the record was that number): it says not which finding it cooled, so it cools none."""
+    assert store.load("1234.5") == store.empty()
     old = store.load(json.dumps({"at": 5.0, "handled": {KEY: SINCE}}))
-    assert old["held"] == {} and store.claim(old, 6.0, KEY, SINCE, 300, "a", 60) == {"verdict": "duplicate"}
+    assert old == {**store.empty(), "handled": {KEY: SINCE}}
+    assert store.claim(old, 6.0, KEY, SINCE, 300, "a", 60) == {"verdict": "duplicate"}
+    assert store.claim(old, 6.0, OTHER, SINCE, 300, "a", 60)["verdict"] == "act"
+
+
+def test_the_cooldown_is_per_finding():
+    """Regression (issue 29, item 7): a remediation of a rule on one volume held back the same
+    rule on another volume (``cooldown``: not recorded). Each finding cools down on its own."""
+    record = store.empty()
+    assert store.claim(record, 10.0, KEY, SINCE, 300, "a", 60)["verdict"] == "act"
+    assert store.complete(record, KEY, SINCE, "a")
+    assert store.claim(record, 15.0, OTHER, SINCE + 5, 300, "a", 60)["verdict"] == "act"
+    assert store.claim(record, 16.0, KEY, SINCE + 6, 300, "a", 60) == {"verdict": "cooldown"}
+    assert store.claim(record, 311.0, KEY, SINCE + 6, 300, "a", 60)["verdict"] == "act"
+
+
+def test_without_a_cooldown_every_occurrence_acts_once():
+    """A manual rule's claim (cooldown 0): each new occurrence is alerted, a repeat is a duplicate."""
+    record = store.empty()
+    for n in range(3):
+        assert store.claim(record, 10.0 + n, KEY, SINCE + n, 0, "a", 60)["verdict"] == "act"
+        assert store.complete(record, KEY, SINCE + n, "a")
+        assert store.claim(record, 10.5 + n, KEY, SINCE + n, 0, "a", 60) == {"verdict": "duplicate"}
+    assert record["cooldown"] == {}
 
 
 @pytest.mark.parametrize(
@@ -77,7 +107,7 @@ def test_an_older_record_keeps_its_cooldown():
 )
 def test_store_settings_it_cannot_use_are_a_clear_error(settings, says, tmp_path):
     with pytest.raises(store.StoreError, match=says):
-        store.open_store(settings, str(tmp_path))
+        store.open_store(settings, str(tmp_path), cluster=(SECRET, "hana_storage:test:"))
 
 
 # ---- the drivers ---------------------------------------------------------------------------------
@@ -89,7 +119,7 @@ def two_masters(request, tmp_path, redis_url):
     if request.param == "local":
         return store.LocalStore(str(tmp_path)), store.LocalStore(str(tmp_path))
     prefix = f"test-{time.monotonic_ns()}:"
-    return store.RedisStore(redis_url, prefix), store.RedisStore(redis_url, prefix)
+    return store.RedisStore(redis_url, prefix, SECRET), store.RedisStore(redis_url, prefix, SECRET)
 
 
 def test_concurrent_masters_make_exactly_one_claim(two_masters):
@@ -124,18 +154,17 @@ def test_concurrent_masters_make_exactly_one_claim(two_masters):
 
 def test_redis_leases_run_on_the_servers_clock(redis_url, monkeypatch):
     """A master whose clock is an hour ahead still gives a lease of ``lease`` seconds."""
-    shared = store.RedisStore(redis_url, f"clock-{time.monotonic_ns()}:")
+    shared = store.RedisStore(redis_url, f"clock-{time.monotonic_ns()}:", SECRET)
     server_now = shared.client.time()[0]
     monkeypatch.setattr(time, "time", lambda: server_now + 3600)
     shared.update("db1", "HANA-ENC-001", lambda r, now: store.claim(r, now, KEY, SINCE, 300, "a", 60))
-    (lease,) = store.load(shared.client.get(f"{shared.prefix}action:db1@HANA-ENC-001").decode())[
-        "held"
-    ].values()
+    sealed = shared.client.get(f"{shared.prefix}action:db1@HANA-ENC-001")
+    (lease,) = store.load(store.unseal(SECRET, "action:db1@HANA-ENC-001", sealed))["held"].values()
     assert server_now + 55 < lease["until"] < server_now + 65
 
 
 def test_an_unreachable_redis_is_a_store_error():
-    unreachable = store.RedisStore("redis://127.0.0.1:1/0", timeout=1)
+    unreachable = store.RedisStore("redis://127.0.0.1:1/0", "hana_storage:", SECRET, timeout=1)
     with pytest.raises(store.StoreError, match="redis store"):
         unreachable.update(
             "db1", "HANA-ENC-001", lambda r, now: store.claim(r, now, KEY, SINCE, 300, "a", 60)
@@ -180,6 +209,41 @@ def test_a_remediation_renews_its_lease_through_salts_loader(tmp_path, caplog):
 
     assert runners.run(remediation_outlasting_its_lease)["verdict"] == "held"
     assert "renewing the lease" not in caplog.text
+
+
+def test_the_engines_redeliver_opens_the_redis_store_through_salts_loader(tmp_path, redis_url, keys):
+    """Regression: the store's key and prefix were made in a callback that the store's open_store
+    (a utils function) called, where the runner's __utils__ is not: every redeliver of the
+    triage engine failed with the redis store ("KeyError: '__utils__'", in the hot masters' logs)."""
+    import os
+
+    import salt.config
+    import salt.loader
+
+    from tests.conftest import REPO
+
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    (pki / "master.pem").write_text(keys[0])
+    (pki / "master.pub").write_text(keys[1])
+    opts = salt.config.master_config(os.devnull)
+    opts.update(
+        runner_dirs=[str(REPO / "_runners")],
+        utils_dirs=[str(REPO / "_utils")],
+        cachedir=str(tmp_path),
+        pki_dir=str(pki),
+        hana_storage={"store": {"driver": "redis", "url": redis_url}},
+    )
+    runners = salt.loader.runner(opts, utils=salt.loader.utils(opts))
+    assert runners["hana_storage.redeliver"]() == 0
+    assert runners["hana_storage.tallies"]() == {}
+
+
+@pytest.fixture(scope="module")
+def keys():
+    from tests.support.keys import keypair
+
+    return keypair()
 
 
 # ---- the local store's tallies -----------------------------------------------------------------
@@ -272,7 +336,7 @@ def outboxes(request, tmp_path, redis_url):
     if request.param == "local":
         return store.LocalStore(str(tmp_path), redeliver=0.5), store.LocalStore(str(tmp_path), redeliver=0.5)
     prefix = f"outbox-{time.monotonic_ns()}:"
-    return tuple(store.RedisStore(redis_url, prefix, redeliver=0.5) for _ in range(2))
+    return tuple(store.RedisStore(redis_url, prefix, SECRET, redeliver=0.5) for _ in range(2))
 
 
 def alert_event(n=0):
@@ -336,3 +400,106 @@ def test_a_local_outbox_keeps_no_half_written_event_and_no_foreign_name(tmp_path
         local.confirm(["../tallies"])
     mode = (tmp_path / "hana_storage" / "actions" / "outbox" / "e0001.json").stat().st_mode & 0o777
     assert mode == 0o600
+
+
+# ---- the Redis store's integrity, credentials and transport (issue 29, item 4) -------------------------
+
+
+def test_a_value_is_valid_only_under_its_name_and_the_masters_key():
+    sealed = store.seal(SECRET, "action:db1@HANA-ENC-001", '{"handled": {}}')
+    assert store.unseal(SECRET, "action:db1@HANA-ENC-001", sealed) == '{"handled": {}}'
+    assert store.unseal(SECRET, "action:db1@HANA-ENC-001", sealed.encode()) == '{"handled": {}}'
+    assert store.unseal(SECRET, "action:db2@HANA-ENC-001", sealed) is None, "copied to another record"
+    assert store.unseal(store.mac_key(b"another cluster"), "action:db1@HANA-ENC-001", sealed) is None
+    for forged in ('{"handled": {}}', "", "0" * 64 + '{"handled": {}}', sealed[:-1] + "]", None, 7):
+        assert store.unseal(SECRET, "action:db1@HANA-ENC-001", forged) is None
+    assert store.mac_key(b"a master key") == SECRET and len(SECRET) == 32
+    assert store.cluster_prefix(b"pub") == f"hana_storage:{hashlib.sha256(b'pub').hexdigest()[:16]}:"
+
+
+def test_a_record_copied_to_another_minion_is_read_as_empty(redis_url, caplog):
+    """db1's record (an occurrence handled) copied over db2's: it would silence db2's alert."""
+    shared = store.RedisStore(redis_url, f"copied-{time.monotonic_ns()}:", SECRET)
+    shared.update("db1", "HANA-ENC-001", lambda r, now: store.complete(r, KEY, SINCE, "a"))
+    raw = shared.client.get(f"{shared.prefix}action:db1@HANA-ENC-001")
+    shared.client.set(f"{shared.prefix}action:db2@HANA-ENC-001", raw)
+    verdict = shared.update(
+        "db2", "HANA-ENC-001", lambda r, now: store.claim(r, now, KEY, SINCE, 300, "a", 60)
+    )
+    assert verdict["verdict"] == "act" and "does not verify" in caplog.text
+    assert shared.update(
+        "db1", "HANA-ENC-001", lambda r, now: store.claim(r, now, KEY, SINCE, 300, "a", 60)
+    ) == {"verdict": "duplicate"}
+
+
+def test_only_the_outbox_tags_leave_the_outbox(outboxes, caplog):
+    """An entry that is not one of the masters' alert or remediation events is dropped, logged
+    once per cause; the masters' own events go out."""
+    a, _b = outboxes
+    a.update("db1", "HANA-ENC-001", lambda r, now: None, outbox=lambda _: [alert_event(1)])
+    if a.driver == "redis":
+        a.client.hset(a.prefix + store.OUTBOX, "e0002", json.dumps({**alert_event(2), "tag": "salt/auth"}))
+        a.client.zadd(a.prefix + store.DUE, {"e0002": 0})
+        sealed = store.seal(SECRET, "outbox:e0003", json.dumps({**alert_event(3), "tag": "salt/auth"}))
+        a.client.hset(a.prefix + store.OUTBOX, "e0003", sealed)  # even under the masters' MAC
+        a.client.zadd(a.prefix + store.DUE, {"e0003": 0})
+    else:
+        outbox = f"{a.outbox}/e0002.json"
+        with open(outbox, "w") as forged:
+            json.dump({**alert_event(2), "tag": "salt/auth"}, forged)
+    time.sleep(0.6)
+    assert a.overdue() == [alert_event(1)]
+    assert "dropped from the outbox" in caplog.text and "'salt/auth'" in caplog.text
+    caplog.clear()
+    time.sleep(0.6)
+    assert a.overdue() == [alert_event(1)], "the dropped entries are gone"
+    assert "dropped" not in caplog.text
+
+
+@pytest.fixture(scope="module")
+def acl_redis(tmp_path_factory):
+    """A redis-server whose user ``hana`` may run the store's commands on one prefix only."""
+    users = {"hana": ("hana-password", f"~hana_storage:cluster-a:* {STORE_ACL}")}
+    with redis_server(tmp_path_factory.mktemp("acl-redis"), users=users) as url:
+        yield as_user(url, "hana", "hana-password")
+
+
+def everything_a_store_does(shared):
+    """Claim, complete with an event in the outbox and a tally, redeliver, confirm, count."""
+    verdict = shared.update(
+        "db1", "HANA-ENC-001", lambda r, now: store.claim(r, now, KEY, SINCE, 300, "a", 60)
+    )
+    assert verdict["verdict"] == "act"
+    shared.update(
+        "db1",
+        "HANA-ENC-001",
+        lambda r, _now: store.complete(r, KEY, SINCE, "a"),
+        tally=lambda first: "alerted|HANA-ENC-001" if first else None,
+        outbox=lambda _first: [alert_event(1)],
+    )
+    time.sleep(0.6)
+    assert shared.overdue() == [alert_event(1)]
+    shared.confirm(["e0001"])
+    assert shared.tallies() == {"alerted|HANA-ENC-001": 1}
+
+
+def test_an_acl_user_restricted_to_its_prefix_runs_the_store(acl_redis):
+    everything_a_store_does(store.RedisStore(acl_redis, "hana_storage:cluster-a:", SECRET, redeliver=0.5))
+    outside = store.RedisStore(acl_redis, "hana_storage:cluster-b:", SECRET)
+    with pytest.raises(store.StoreError, match="redis store.*(permission|NOPERM)"):
+        outside.update("db1", "HANA-ENC-001", lambda r, now: store.claim(r, now, KEY, SINCE, 300, "a", 60))
+
+
+def test_a_wrong_password_is_a_clear_store_error(acl_redis):
+    for url in (as_user(acl_redis, "hana", "wrong"), acl_redis.replace("hana-password@", "@")):
+        with pytest.raises(store.StoreError, match="redis store"):
+            store.RedisStore(url, "hana_storage:cluster-a:", SECRET).tallies()
+
+
+def test_the_store_over_tls_verifies_the_servers_certificate(tmp_path):
+    with redis_server(tmp_path / "tls", tls=True) as url:
+        assert url.startswith("rediss://") and "ssl_ca_certs=" in url
+        everything_a_store_does(store.RedisStore(url, "hana_storage:tls:", SECRET, redeliver=0.5))
+        unverified = store.RedisStore(url.split("?")[0], "hana_storage:tls:", SECRET)  # no CA: the system's
+        with pytest.raises(store.StoreError, match="certificate verify failed"):
+            unverified.tallies()

@@ -66,6 +66,16 @@ def test_the_reactor_the_runner_and_the_engine_name_one_socket(engine):
     assert namespace["ENGINE_SOCKET"] == runner.ENGINE_SOCKET == engine.SOCKET_NAME
 
 
+def test_the_runner_the_engine_and_the_store_name_one_pair_of_outbox_tags(engine):
+    """What the outbox holds, what the engine confirms and all that redeliver ever sends."""
+    import hana_storage_store as store
+
+    spec = importlib.util.spec_from_file_location("runner_outbox_tags", REPO / "_runners/hana_storage.py")
+    runner = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runner)
+    assert set(engine.OUTBOX_TAGS) == set(store.OUTBOX_TAGS) == {runner.ALERT_TAG, runner.REMEDIATION_TAG}
+
+
 def test_without_the_engine_the_reactor_starts_the_runner_job(sock_dir):
     data = {"rule": "HANA-PERF-002", "sig": "x"}
     reaction = react(sock_dir, TAG, data)

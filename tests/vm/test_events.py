@@ -69,7 +69,12 @@ def masters(salt_factories, tmp_path_factory, vm, store):
                     tmp_path_factory,
                     vm,
                     exporter_port=port,
-                    hana_storage={"cooldown": 20, "lease": LEASE, "store": {"driver": "redis", "url": store}},
+                    hana_storage={
+                        "cooldown": 20,
+                        "lease": LEASE,
+                        "store": {"driver": "redis", "url": store},
+                        "event_burst": FLOOD + 10,  # the flood below tests the cooldown, not the rate limit
+                    },
                     gather_job_timeout=60,  # a minion under software emulation answers find_job slowly
                 ),
             )
