@@ -49,19 +49,18 @@ test-integration: deps
 	  [ "$$(cat build/test-logs/integration-$$line.rc)" = 0 ] || rc=1; \
 	done; exit $$rc
 
-# the real kernel on the newest line; the events module (a real minion daemon and its beacon in
+# the real kernel on the newest line, its events module (a real minion daemon and its beacon in
 # the guest, two hot masters and their Redis store on the host) on EVENTS_LINES, by default the
-# oldest line only: it is
-# the slowest module, and the integration tier runs the real beacon in a real minion daemon on
-# every line (make test-vm EVENTS_LINES="3006 3008" for more)
+# oldest line only (the integration tier runs the real beacon in a real minion daemon on every
+# line; make test-vm EVENTS_LINES="3006 3008" for more). Modules run in VM_LANES lanes side by
+# side, one lab VM per lane (tools/vm-lanes): each emulated guest keeps about one core busy.
 EVENTS_LINES ?= $(OLDEST)
+VM_LANES ?= $(shell n=$$(nproc); [ $$n -ge 2 ] && echo 2 || echo 1)
+VM_MODULES ?= $(filter-out tests/vm/test_events.py,$(wildcard tests/vm/test_*.py))
 test-vm: deps
-	@echo "== VM tier, Salt $(NEWEST)"; \
-	.venv/bin/python $(PYTEST) tests/vm -q --durations=15 --ignore=tests/vm/test_events.py; rc=$$?; \
-	for line in $(EVENTS_LINES); do \
-	  echo "== VM tier, events, Salt $$line"; v=.venv-$$line; [ $$line = $(NEWEST) ] && v=.venv; \
-	  $$v/bin/python $(PYTEST) tests/vm/test_events.py -q --durations=5 || rc=1; \
-	done; exit $$rc
+	@echo "== VM tier: Salt $(NEWEST), the events module on $(EVENTS_LINES), $(VM_LANES) lanes"
+	@tools/vm-lanes --lanes $(VM_LANES) $(foreach m,$(VM_MODULES),$(NEWEST):$(m)) \
+	  $(foreach l,$(EVENTS_LINES),$(l):tests/vm/test_events.py)
 
 # benchmarks (about 30 min under emulation): table printed, kept in build/bench/results.{json,md}
 bench: deps

@@ -32,7 +32,10 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 DEFAULT_DIR = REPO / "build" / "lab"
-LOCK = "/tmp/hana-storage-lab.lock"  # two cores: one VM at a time, machine-wide
+# Lab VMs running at once on this machine, machine-wide: each emulated guest keeps about one core
+# busy. ``make test`` runs two lanes of VM modules on two cores; by hand, one at a time.
+LOCK = "/tmp/hana-storage-lab.lock"  # .<slot> for each slot
+SLOTS = max(1, int(os.environ.get("HANA_STORAGE_LAB_SLOTS", "1")))
 # The guest runs the Salt of the venv the lab runs from (make test-vm runs the events test on the
 # oldest Salt line's venv); run outside a venv, the newest line's .venv.
 VENV = pathlib.Path(sys.prefix) if sys.prefix != sys.base_prefix else REPO / ".venv"
@@ -131,6 +134,23 @@ class Result:
         return f"Result(rc={self.rc}, {self.seconds:.1f}s, {self.command[:60]!r})"
 
 
+def _lab_slot():
+    """Hold one of the SLOTS lab slots (a lock file each) until the returned file is closed."""
+    waited = False
+    while True:
+        for slot in range(SLOTS):
+            handle = open(f"{LOCK}.{slot}", "w")  # noqa: SIM115 - the caller closes it
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return handle
+            except BlockingIOError:
+                handle.close()
+        if not waited:
+            say(f"{SLOTS} lab VM(s) already run on this machine; waiting for one to end ({LOCK}.*)")
+            waited = True
+        time.sleep(2)
+
+
 def say(message):
     print(f"[lab {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
@@ -196,13 +216,10 @@ class Lab:
                 "virtme-ng or qemu missing: run 'make deps' (installs qemu-system-x86 and the venv)"
             )
         kernel = find_kernel()
-        self._lock = open(LOCK, "w")  # noqa: SIM115 - released in stop()
-        try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            say(f"another lab VM is running on this machine; waiting for it ({LOCK})")
-            fcntl.flock(self._lock, fcntl.LOCK_EX)
+        self._lock = _lab_slot()
         self._make_disks()
+        if self.fresh:
+            (self.workdir / "steps.tsv").unlink(missing_ok=True)
         shutil.rmtree(self.shared, ignore_errors=True)
         self.shared.mkdir(parents=True)
         agent = AGENT.replace("@PYROOT@", str(python_root())).replace("@VENV@", str(VENV_BIN.parent))
@@ -272,6 +289,7 @@ class Lab:
                 raise LabError(f"the VM did not come up within {self.boot_timeout}s; read {self.console}")
             time.sleep(0.5)
         say(f"VM up after {time.monotonic() - started:.0f}s")
+        self._record("boot", f"{self.disks} disks", time.monotonic() - started)
         if self.network:
             try:
                 self._wait_for_network()
@@ -357,11 +375,17 @@ class Lab:
             out.read_text(errors="replace"),
             time.monotonic() - started,
         )
+        self._record("run", title or script.strip().splitlines()[0][:100], result.seconds)
         if check and not result.ok:
             raise LabError(
                 f"step {n} failed with rc {result.rc}: {script.splitlines()[0][:80]}\n{result.output[-2000:]}"
             )
         return result
+
+    def _record(self, kind, what, seconds):
+        """One line per step in <workdir>/steps.tsv: where a module's time goes."""
+        with open(self.workdir / "steps.tsv", "a", encoding="utf-8") as log:
+            log.write(f"{time.strftime('%H:%M:%S')}\t{kind}\t{seconds:.1f}\t{what}\n")
 
     def checksum(self, index):
         """sha256 of lab disk N as the guest left it, hashed on the host (native speed)."""
@@ -454,6 +478,7 @@ class Lab:
                 tail = self.run("tail -n 30 /run/salt/caller.out", echo=False).output
                 raise LabError(f"Salt did not start in the guest within 600 s:\n{tail}")
             time.sleep(0.3)
+        self._record("salt-start", "guest_caller.py", time.monotonic() - started)
         return self.salt("test.ping", check=True, title="Salt is up in the guest")
 
     def set_pillar(self, pillar_yaml):
@@ -481,6 +506,7 @@ class Lab:
             time.sleep(0.1)
         data = json.loads(reply.read_text())
         result = SaltResult(args, data["local"], data["retcode"], data["seconds"])
+        self._record("salt", args[:100], time.monotonic() - started)
         if check and result.retcode:
             raise LabError(f"salt-call {args} failed (retcode {result.retcode}):\n{result.text()[-3000:]}")
         return result
