@@ -92,7 +92,15 @@ def python_root():
 
 
 def runtime_image():
-    """An ext4 image holding the interpreter and the venv, rebuilt when requirements change."""
+    """An ext4 image holding the interpreter and the venv, rebuilt when requirements change; by one
+    lab at a time (the lanes of make test boot side by side)."""
+    (REPO / "build").mkdir(exist_ok=True)
+    with open(REPO / "build" / f"lab-runtime{VENV.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _runtime_image()
+
+
+def _runtime_image():
     image = REPO / "build" / f"lab-runtime{VENV.name}.img"
     stamp = image.with_suffix(".stamp")
     pyroot = python_root()
