@@ -69,6 +69,7 @@ import secrets
 import select
 import socket
 import stat
+import sys
 import threading
 import time
 
@@ -228,7 +229,7 @@ class KernelWatch:
             if lost:
                 continue
             for message in self.marshal.parse(datagram):
-                name = _events("uevent_device")(message)
+                name = core.events.uevent_device(message)
                 if name:
                     devices.add(name)
         mounts_changed = bool(self.poller.poll(0))
@@ -246,15 +247,21 @@ class KernelWatch:
             mountinfo.close()
 
 
-def _utils():
-    """The formula's pure code: the beacon loader packs no __utils__, so the beacon loads them once."""
-    if "hana_storage.utils" not in __context__:
-        __context__["hana_storage.utils"] = salt.loader.utils(__opts__)
-    return __context__["hana_storage.utils"]
+core = None  # hana_storage_core, once _load_core has imported it
 
 
-def _events(name):
-    return _utils()[f"hana_storage_events.{name}"]
+def _load_core():
+    """Import the formula's package (hana_storage_core). The beacon loader, unlike the loaders of
+    execution modules, states, runners and engines, puts no utils directory on sys.path: the
+    directories Salt syncs ``_utils`` to are added here, for this process."""
+    global core
+    for directory in salt.loader.utils(__opts__).module_dirs:
+        if directory not in sys.path:
+            sys.path.append(directory)
+    import hana_storage_core  # noqa: PLC0415 - needs the directories above
+
+    core = hana_storage_core.fresh()
+    return core
 
 
 def _state():
@@ -291,7 +298,7 @@ def _sign(state, tag, data):
     if not os.path.exists(path):
         return None
     key = salt.crypt.get_rsa_key(path, None)
-    message = _events("signed_bytes")(__opts__["id"], tag, data)
+    message = core.events.signed_bytes(__opts__["id"], tag, data)
     return base64.b64encode(key.sign(message, padding.PKCS1v15(), hashes.SHA224())).decode()
 
 
@@ -311,7 +318,7 @@ def _read_mounts():
     with open("/proc/self/mountinfo", "rb") as handle:
         raw = handle.read()
     malformed = []
-    mounts = _utils()["hana_storage_tab.parse_mountinfo"](raw, malformed=malformed)
+    mounts = core.tab.parse_mountinfo(raw, malformed=malformed)
     warned = __context__.setdefault("hana_storage.mountinfo_warned", set())
     for entry in malformed:
         if entry["error"] not in warned and len(warned) < 100:
@@ -435,7 +442,7 @@ def _record(raw):
     """
     if not isinstance(raw, dict) or not _number(raw.get("written")):
         return None
-    key = _events("finding_key")
+    key = core.events.finding_key
     since = raw.get("since") if isinstance(raw.get("since"), dict) else {}
     known = {}
     for name, finding in (raw.get("known") if isinstance(raw.get("known"), dict) else {}).items():
@@ -611,6 +618,8 @@ def beacon(config):
             - interval: 1
             - full_audit_interval: 300
     """
+    if core is None:
+        _load_core()
     config = {**DEFAULTS, **salt.utils.beacons.list_to_dict(config)}
     state = _state()
     if state.get("instance") is None:  # a new context: a new loader, or a restarted minion
@@ -646,10 +655,10 @@ def beacon(config):
 def _kernel_scope(state, devices, mounts_changed, now):
     """(volumes to audit in this tick, trigger): those a kernel event touched, else the volumes
     of the settle pass when it is due; an empty scope on an idle tick."""
-    scope = set(_events("affected_volumes")(devices, state["watched"]))
+    scope = set(core.events.affected_volumes(devices, state["watched"]))
     if mounts_changed:
-        view = _events("mount_view")(_read_mounts(), set(state["mountpoints"].values()))
-        changed = set(_events("changed_mountpoints")(state["mounts"], view))
+        view = core.events.mount_view(_read_mounts(), set(state["mountpoints"].values()))
+        changed = set(core.events.changed_mountpoints(state["mounts"], view))
         scope |= {v for v, point in state["mountpoints"].items() if point in changed}
         state["mounts"] = view
     trigger = "uevent" if devices else "mount"
@@ -673,6 +682,8 @@ def close(config):
     a new watch and, having missed what happened meanwhile, audits everything. A full audit
     still running is left to finish on its own; what it finds is not used.
     """
+    if core is None:
+        _load_core()
     state = __context__.get(CONTEXT)
     if not state:
         return
@@ -730,22 +741,22 @@ def _finish_full(state, full, now, full_interval):
     volumes = {n: v for n, v in {**report["volumes"], **newer}.items() if v is not None}
     state["watched"] = _watched(volumes)
     state["mountpoints"] = {n: v["mountpoint"] for n, v in volumes.items()}
-    state["mounts"] = _events("mount_view")(full.mounts, set(state["mountpoints"].values()))
+    state["mounts"] = core.events.mount_view(full.mounts, set(state["mountpoints"].values()))
     scope = ({f["volume"] for f in state["known"].values()} | set(report["volumes"])) - set(newer)
     findings = [f for f in report["findings"] if f["volume"] not in newer]
     out = _findings_events(state, findings, scope, "full")
     current = list(state["known"].values())
     summary = {"compliant": not current, "findings": current, "volumes": volumes}
-    out.append(_events("audit_event")(summary, "full", full.seconds, time.time(), state["since"]))
+    out.append(core.events.audit_event(summary, "full", full.seconds, time.time(), state["since"]))
     return out
 
 
 def _findings_events(state, findings, scope, trigger):
     """Violation and resolved events of an audit of ``scope`` (a set of volumes), against what
     was reported before; records each occurrence's since (see _remember)."""
-    state["known"], appeared, cleared = _events("diff_findings")(state["known"], findings, scope)
+    state["known"], appeared, cleared = core.events.diff_findings(state["known"], findings, scope)
     wall = time.time()
-    key = _events("finding_key")
+    key = core.events.finding_key
     since = state.setdefault("since", {})  # a context kept from a beacon before this field
     ended = state.setdefault("ended", {})
     over = {}
@@ -756,9 +767,9 @@ def _findings_events(state, findings, scope, trigger):
     fresh = [key(f) for f in state["known"].values() if key(f) not in since]
     _remember(state, fresh, wall, force=bool(cleared))
     out = [
-        dict(_events("finding_event")("violation", f, trigger, wall), since=since[key(f)]) for f in appeared
+        dict(core.events.finding_event("violation", f, trigger, wall), since=since[key(f)]) for f in appeared
     ]
     out += [
-        dict(_events("finding_event")("resolved", f, trigger, wall), since=over.get(key(f))) for f in cleared
+        dict(core.events.finding_event("resolved", f, trigger, wall), since=over.get(key(f))) for f in cleared
     ]
     return out

@@ -53,7 +53,10 @@ import logging
 import os
 import time
 
+import hana_storage_core as core  # the loader puts its utils directories on sys.path while loading this
 import salt.utils.event
+
+core = core.fresh()  # after a saltutil.sync, the files it brought, not those this process imported first
 
 try:
     import prometheus_client
@@ -90,7 +93,7 @@ class Metrics:
     def __init__(self, registry, accepted=None):
         gauge, counter = prometheus_client.Gauge, prometheus_client.Counter
         self.registry, self.accepted = registry, accepted or (lambda _minion: True)
-        self.table = {rule: entry["severity"] for rule, entry in _util("rules.rule_table")().items()}
+        self.table = {rule: entry["severity"] for rule, entry in core.rules.rule_table().items()}
         self.labelled = {}  # minion -> {(metric, label values)} exported for it
         self.compliant = gauge(
             "hana_storage_compliant",
@@ -186,7 +189,7 @@ class Metrics:
     def audit(self, minion, data):
         open_findings = {}
         for key in data.get("open") or {}:
-            finding = _util("events.parse_finding_key")(key)  # ValueError: the event is not counted
+            finding = core.events.parse_finding_key(key)  # ValueError: the event is not counted
             open_findings[key] = (finding["volume"], *self.rule(finding["rule"]))
         volumes = self.exported_volumes(minion, data.get("volumes") or {})
         self.forget(  # the volumes the minion no longer has
@@ -248,17 +251,12 @@ class StoreTallies:
         yield family
 
 
-def _util(name):
-    """The formula's pure code, through the loader as the other modules reach it."""
-    return __utils__[f"hana_storage_{name}"]
-
-
 def handle(metrics, tag, data, verify=None, verify_master=None):
     """Update ``metrics`` from one event. ``verify(tag, data)`` (a beacon event) and
     ``verify_master(tag, data)`` (an event of the master's, ``hana/storage/*``) return None or
     ``{"code", "reason"}``: why it is not counted."""
     if tag.startswith(BEACON_PREFIX):
-        minion, event = _util("events.minion_of_tag")(tag)
+        minion, event = core.events.minion_of_tag(tag)
         if minion is None:
             return
         problem = verify(tag, data) if verify else None

@@ -55,7 +55,10 @@ import socket
 import threading
 import time
 
+import hana_storage_core as core  # the loader puts its utils directories on sys.path while loading this
 import salt.utils.event
+
+core = core.fresh()  # after a saltutil.sync, the files it brought, not those this process imported first
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +218,7 @@ def start(workers=4, remediation_workers=16, backlog=20000, settle=30):
     """
     path = os.path.join(__opts__["sock_dir"], SOCKET_NAME)
     triage = __runners__["hana_storage.triage"]
-    auto = set(__utils__["hana_storage_rules.auto_rules"]())
+    auto = set(core.rules.auto_rules())
     slots = threading.BoundedSemaphore(int(backlog))
     later = Later()
     settle = settle_within(settle, (__opts__.get("hana_storage") or {}).get("lease"))

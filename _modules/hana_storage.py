@@ -17,12 +17,15 @@ import logging
 import os
 import secrets
 
+import hana_storage_core as core  # the loader puts its utils directories on sys.path while loading this
 import salt.utils.args
 import salt.utils.data
 import salt.utils.path
 import salt.utils.platform
 import salt.utils.yaml
 from salt.exceptions import CommandExecutionError
+
+core = core.fresh()  # after a saltutil.sync, the files it brought, not those this process imported first
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +46,6 @@ def __virtual__():
             "(hana.storage.packages installs it; by hand: salt-pip install jsonschema)"
         )
     return __virtualname__
-
-
-def _util(name):
-    return __utils__[f"hana_storage_{name}"]
 
 
 def _host(name):
@@ -86,7 +85,7 @@ def _merged(pillar=None):
         pillar = salt.utils.data.traverse_dict_and_list(__pillar__, "hana:storage", {})
     if not isinstance(pillar, dict):
         return None, [f"hana:storage: must be a mapping, got {type(pillar).__name__}"]
-    return _util("pillar.merge")(_defaults(), pillar), []
+    return core.pillar.merge(_defaults(), pillar), []
 
 
 def _pillar_devices(config):
@@ -129,7 +128,7 @@ def validate_pillar(pillar=None, host_checks=True):
             "system_devices": _host("system_devices")(),
             "paths": _host("path_facts")([backups] if isinstance(backups, str) else []),
         }
-    return _util("pillar.validate")(config, _schema(), facts, _util("rules.auto_rules")())
+    return core.pillar.validate(config, _schema(), facts, core.rules.auto_rules())
 
 
 def settings(pillar=None, host_checks=True):
@@ -160,7 +159,7 @@ def settings(pillar=None, host_checks=True):
         result = {"valid": False, "errors": errors, "config": None}
     else:
         config, _ = _merged(pillar)
-        result = {"valid": True, "errors": [], "config": _util("pillar.normalize")(config, systemd)}
+        result = {"valid": True, "errors": [], "config": core.pillar.normalize(config, systemd)}
     if not host_checks:
         __context__["hana_storage.plan"] = (digest, copy.deepcopy(result))
     return result
@@ -170,7 +169,7 @@ def _plan(pillar=None):
     """The plan for read-only work: host checks off, so a missing disk is audited, not refused."""
     result = settings(pillar, host_checks=False)
     if not result["valid"]:
-        raise CommandExecutionError(_util("pillar.validation_summary")(result["errors"]))
+        raise CommandExecutionError(core.pillar.validation_summary(result["errors"]))
     return result["config"]
 
 
@@ -286,7 +285,7 @@ def audit(pillar=None, volumes=None):
         wanted = set(salt.utils.args.split_input(volumes))
         plan = dict(plan, volumes={n: v for n, v in plan["volumes"].items() if n in wanted})
     facts = _host("facts")(plan, reuse_lvm=bool(volumes))
-    report = _util("rules.audit")(plan, facts)
+    report = core.rules.audit(plan, facts)
     for name, disks in facts["disks"].items():  # kernel names, for the beacon to map uevents
         report["volumes"][name]["disks"] = disks
     return report
@@ -332,10 +331,10 @@ def remediate(rules=None, pillar=None):
     """
     plan = _plan(pillar)
     policy = plan["compliance"]["remediation"]
-    auto = _util("rules.auto_rules")()
+    auto = core.rules.auto_rules()
     allowed = set(policy.get("rules", auto)) if policy.get("enabled", True) else set()
     wanted = set(salt.utils.args.split_input(rules) if rules else auto)
-    report = _util("rules.audit")(plan, _host("facts")(plan))
+    report = core.rules.audit(plan, _host("facts")(plan))
     fixed, failed, skipped = [], [], []
     done = set()
     for finding in report["findings"]:
@@ -343,7 +342,7 @@ def remediate(rules=None, pillar=None):
         if rule not in wanted:
             continue
         entry = {"rule": rule, "volume": finding["volume"], "device": finding["device"]}
-        fix = _util("rules.fix_for")(plan, finding, report["volumes"][finding["volume"]])
+        fix = core.rules.fix_for(plan, finding, report["volumes"][finding["volume"]])
         if fix.get("code") != "manual_rule" and rule not in allowed:
             fix = {"code": "not_allowed"}
         if "code" in fix:
@@ -362,7 +361,7 @@ def remediate(rules=None, pillar=None):
             fixed.append({**entry, "changes": state.get("changes", {}), "comment": state.get("comment")})
         else:
             failed.append({**entry, "comment": state.get("comment")})
-    after = _util("rules.audit")(plan, _host("facts")(plan)) if fixed else report
+    after = core.rules.audit(plan, _host("facts")(plan)) if fixed else report
     remaining = [f for f in after["findings"] if f["rule"] in wanted]
     result = not failed and not skipped and not remaining
     if not result:
@@ -457,7 +456,7 @@ def io_check(volumes=None, size="1G", runtime=30, kpis=None, pillar=None):
         raise CommandExecutionError("hana_storage.io_check needs fio (install the fio package)")
     plan = _plan(pillar)
     try:
-        kpi_table = _util("fio.kpis")(kpis)
+        kpi_table = core.fio.kpis(kpis)
     except ValueError as error:  # the fio util's FioError
         raise CommandExecutionError(str(error)) from None
     names = (
@@ -481,15 +480,15 @@ def io_check(volumes=None, size="1G", runtime=30, kpis=None, pillar=None):
         profile = "log" if name == "log" else "data"
         jobs = []
         with _io_check_file(mountpoint, dev, size_bytes) as path:
-            for job in _util("fio.profile_jobs")(profile):
-                out, error = _run(_util("fio.fio_argv")(path, job, size, int(runtime)))
+            for job in core.fio.profile_jobs(profile):
+                out, error = _run(core.fio.fio_argv(path, job, size, int(runtime)))
                 if error:
                     raise CommandExecutionError(f"fio on {mountpoint} ({job['rw']} {job['bs']}): {error}")
                 try:
-                    result = _util("fio.parse_result")(out)
+                    result = core.fio.parse_result(out)
                 except ValueError as parse_error:
                     raise CommandExecutionError(f"fio on {mountpoint}: {parse_error}") from None
-                check = _util("fio.verdict")(profile, job, result, kpi_table)
+                check = core.fio.verdict(profile, job, result, kpi_table)
                 passed = passed and (check is None or check["passed"])
                 jobs.append({**job, **result, "kpi": check})
         report[name] = {"mountpoint": mountpoint, "profile": profile, "jobs": jobs}

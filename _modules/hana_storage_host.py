@@ -14,10 +14,13 @@ import os
 import re
 import stat
 
+import hana_storage_core as core  # the loader puts its utils directories on sys.path while loading this
 import salt.utils.args
 import salt.utils.path
 import salt.utils.platform
 from salt.exceptions import CommandExecutionError
+
+core = core.fresh()  # after a saltutil.sync, the files it brought, not those this process imported first
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +55,6 @@ def __virtual__():
     if not salt.utils.path.which("dmsetup"):
         return False, "hana_storage_host: dmsetup not found (install the dmsetup or device-mapper package)"
     return __virtualname__
-
-
-def _util(name):
-    return __utils__[f"hana_storage_{name}"]
 
 
 # ---- facts from the host ---------------------------------------------------------------------
@@ -95,7 +94,7 @@ def path_facts(paths):
 
 def system_devices():
     """Device paths that hold the running system (/, /boot, /usr, /var, swap), disks included."""
-    devices = _util("stack.build_devices")(_sysfs(), {}, _mounts())
+    devices = core.stack.build_devices(_sysfs(), {}, _mounts())
     tops = {n for n, d in devices.items() if set(d["mountpoints"]) & set(SYSTEM_MOUNTS)}
     for line in _read("/proc/swaps").splitlines()[1:]:
         path = line.split()[0] if line.split() else ""
@@ -104,7 +103,7 @@ def system_devices():
             tops.add(name)
     names = set()
     for top in tops:
-        for name in _util("stack.stack")(devices, top):
+        for name in core.stack.stack(devices, top):
             names.add(name)
             parent = devices[name]["partition_of"]
             if parent:
@@ -180,7 +179,7 @@ def _mounts():
         log.warning("hana_storage: /proc/self/mountinfo unreadable: %s", error)
         return []
     malformed = []
-    mounts = _util("tab.parse_mountinfo")(raw, malformed=malformed)
+    mounts = core.tab.parse_mountinfo(raw, malformed=malformed)
     for entry in malformed:
         log.warning("hana_storage: /proc/self/mountinfo line %s left out: %s", entry["line"], entry["error"])
     return mounts
@@ -202,7 +201,7 @@ def _lvm_segments(devices=None, reuse=False):
     describes can have changed. `lvs` costs a scoped audit about half of its time (0.45 s of
     0.8 s under emulation), and a drift of a crypt device's flags leaves every LV as it was.
     """
-    key = None if devices is None else _util("lvm.report_key")(devices)
+    key = None if devices is None else core.lvm.report_key(devices)
     kept = __context__.get(LVM_REPORT)
     if reuse and key is not None and kept and kept[0] == key:
         return kept[1]
@@ -215,11 +214,11 @@ def _lvm_segments(devices=None, reuse=False):
 def _read_lvm_segments():
     if not salt.utils.path.which("lvs"):
         return {"error": "lvs not found (lvm2 not installed)"}
-    text, error = _run(_util("lvm.lvs_command")())
+    text, error = _run(core.lvm.lvs_command())
     if error:
         return {"error": error}
     try:
-        return _util("lvm.parse_segments")(text)
+        return core.lvm.parse_segments(text)
     except ValueError as err:
         return {"error": str(err)}
 
@@ -251,7 +250,7 @@ def _header_of(name):
     """LUKS summary of /dev/<name>, or {"error": ...} (never raises)."""
     try:
         with _reader(f"/dev/{name}") as read:
-            return _util("luks.parse_header")(read)
+            return core.luks.parse_header(read)
     except (ValueError, CommandExecutionError) as error:
         return {"error": str(error)}
 
@@ -259,7 +258,7 @@ def _header_of(name):
 def _superblock_of(name):
     try:
         with _reader(f"/dev/{name}") as read:
-            return _util("xfs.parse_superblock")(read(0, 512))
+            return core.xfs.parse_superblock(read(0, 512))
     except (ValueError, CommandExecutionError) as error:
         return {"error": str(error)}
 
@@ -269,7 +268,7 @@ def _parsed_file(path, parser):
         return []
     try:
         with open(path, encoding="utf-8") as handle:
-            return _util(parser)(handle.read())
+            return parser(handle.read())
     except (OSError, UnicodeDecodeError, ValueError) as error:
         return {"error": f"{path}: {error}"}
 
@@ -316,7 +315,7 @@ def header_backup(path):
         return {"exists": True, "error": "not a regular file"}
     try:
         with _reader(path) as read:
-            header = _util("luks.parse_header")(read)
+            header = core.luks.parse_header(read)
     except (ValueError, CommandExecutionError) as error:
         return {"exists": True, "error": str(error)}
     return {
@@ -355,7 +354,7 @@ def _device_names(plan, devices):
 def _device_tree():
     """(devices, mounts) with dm tables attached; one `dmsetup table` for all devices."""
     mounts = _mounts()
-    devices = _util("stack.build_devices")(_sysfs(), dm_tables(), mounts)
+    devices = core.stack.build_devices(_sysfs(), dm_tables(), mounts)
     return devices, mounts
 
 
@@ -364,11 +363,11 @@ def facts(plan, reuse_lvm=False):
     kernel name, for the beacon to map uevents). ``reuse_lvm``: the LVM report of an earlier
     call while no LV and no block device changed (see _lvm_segments); otherwise it is read."""
     devices, mounts = _device_tree()
-    stacks = {name: _util("stack.describe")(devices, name) for name in devices}
+    stacks = {name: core.stack.describe(devices, name) for name in devices}
     headers = {}
     for device in devices.values():
         if device["kind"] == "crypt":
-            backing = _util("stack.backing_device")(device)
+            backing = core.stack.backing_device(device)
             if backing and backing in devices and backing not in headers:
                 headers[backing] = _header_of(backing)
     mountpoints = {v["mountpoint"] for v in plan["volumes"].values()}
@@ -393,8 +392,8 @@ def facts(plan, reuse_lvm=False):
         "lvm_scans": _lvm_scans_for(plan, devices),
         "superblocks": superblocks,
         "lvm": _lvm_segments(devices, reuse=reuse_lvm),
-        "crypttab": _parsed_file("/etc/crypttab", "tab.parse_crypttab"),
-        "fstab": _parsed_file("/etc/fstab", "tab.parse_fstab"),
+        "crypttab": _parsed_file("/etc/crypttab", core.tab.parse_crypttab),
+        "fstab": _parsed_file("/etc/fstab", core.tab.parse_fstab),
         "key_files": _key_file_facts(plan),
         "header_backups": _header_backup_facts(plan),
         "device_names": _device_names(plan, devices),
@@ -450,7 +449,7 @@ def _previous_key_facts(plan, devices, headers):
         crypt_names = {c["name"] for c in volume["crypt"]}
         for device in devices.values():
             if device["kind"] == "crypt" and device["dm_name"] in crypt_names:
-                backing = _util("stack.backing_device")(device)
+                backing = core.stack.backing_device(device)
                 if backing in headers and "error" not in headers[backing]:
                     wanted[backing] = previous["file"]
     kept = __context__.setdefault(PREVIOUS_KEYS, {})
@@ -483,13 +482,13 @@ def _crypto_drivers(devices):
         return {}
     try:
         with open("/proc/crypto", encoding="utf-8") as handle:
-            entries = _util("crypto.parse_proc_crypto")(handle.read())
+            entries = core.crypto.parse_proc_crypto(handle.read())
     except (OSError, UnicodeDecodeError, ValueError) as error:
         return {"error": f"/proc/crypto: {error}"}
     drivers = {}
     for cipher in ciphers:
-        algorithm = _util("crypto.algorithm_of")(cipher)
-        driver = _util("crypto.driver_of")(entries, algorithm) if algorithm else None
+        algorithm = core.crypto.algorithm_of(cipher)
+        driver = core.crypto.driver_of(entries, algorithm) if algorithm else None
         if driver:
             drivers[cipher] = {"algorithm": algorithm, **driver}
     return drivers
@@ -517,7 +516,7 @@ def dm_tables():
     if error:
         raise CommandExecutionError(f"dmsetup table failed: {error}")
     try:
-        return _util("dm.parse_tables")(text)
+        return core.dm.parse_tables(text)
     except ValueError as error:
         raise CommandExecutionError(f"dmsetup table output unreadable: {error}") from None
 
@@ -537,7 +536,7 @@ def luks_header(device):
     """
     with _reader(os.path.realpath(device), device) as read:
         try:
-            return _util("luks.parse_header")(read)
+            return core.luks.parse_header(read)
         except ValueError as error:
             raise CommandExecutionError(f"{device}: {error}") from None
 
@@ -556,7 +555,7 @@ def xfs_superblock(device):
     with _reader(os.path.realpath(device), device) as read:
         raw = read(0, 512)
     try:
-        return _util("xfs.parse_superblock")(raw)
+        return core.xfs.parse_superblock(raw)
     except ValueError as error:
         raise CommandExecutionError(f"{device}: {error}") from None
 
@@ -583,13 +582,13 @@ def inspect():
         except CommandExecutionError as error:
             device["read_error"] = str(error)
             continue
-        if _util("luks.is_luks")(probe):
+        if core.luks.is_luks(probe):
             device["luks"] = _header_of(name)
         if device["kind"] == "lv" and isinstance(lvm, list):
             device["lvm"] = [s for s in lvm if s["dm_path"] == device["path"]]
     for device in devices.values():
         if device["kind"] == "crypt":
-            backing = _util("stack.backing_device")(device)
+            backing = core.stack.backing_device(device)
             device["backing_device"] = backing
     by_dev = {d["dev"]: n for n, d in devices.items()}
     stacks = {}
@@ -599,7 +598,7 @@ def inspect():
             "source": mount["source"],
             "fstype": mount["fstype"],
             "options": mount["options"] + mount["super_options"],
-            "stack": _util("stack.describe")(devices, name) if name else None,
+            "stack": core.stack.describe(devices, name) if name else None,
         }
     return {"devices": devices, "mounts": stacks, "lvm": lvm}
 
@@ -617,12 +616,12 @@ def _pv_groups():
     """{kernel name of a PV: its VG ('' for an orphan PV)} from one `pvs`."""
     if not salt.utils.path.which("pvs"):
         return {}
-    text, error = _run(_util("lvm.pvs_command")())
+    text, error = _run(core.lvm.pvs_command())
     if error:
         log.warning("hana_storage: pvs failed: %s", error)
         return {}
     try:
-        return {_kernel_name(pv["pv"]): pv["vg"] for pv in _util("lvm.parse_pvs")(text)}
+        return {_kernel_name(pv["pv"]): pv["vg"] for pv in core.lvm.parse_pvs(text)}
     except ValueError as err:
         log.warning("hana_storage: pvs output unreadable: %s", err)
         return {}
@@ -632,12 +631,12 @@ def _lvm_scans():
     """The kernel names of every device LVM would scan (``pvs -a``), or None when it cannot be told."""
     if not salt.utils.path.which("pvs"):
         return None
-    text, error = _run(_util("lvm.pvs_command")(every_device=True))
+    text, error = _run(core.lvm.pvs_command(every_device=True))
     if error:
         log.warning("hana_storage: pvs -a failed: %s", error)
         return None
     try:
-        return {_kernel_name(pv["pv"]) for pv in _util("lvm.parse_pvs")(text)}
+        return {_kernel_name(pv["pv"]) for pv in core.lvm.parse_pvs(text)}
     except ValueError as err:
         log.warning("hana_storage: pvs -a output unreadable: %s", err)
         return None
@@ -646,7 +645,7 @@ def _lvm_scans():
 def _multipath_paths(name):
     """The paths (kernel names) of the multipath map ``name``, or [] for any other device."""
     uuid = _read(f"{SYSFS_BLOCK}/{name}/dm/uuid").strip()
-    if not uuid.startswith(_util("stack.MULTIPATH_UUID_PREFIX")):
+    if not uuid.startswith(core.stack.MULTIPATH_UUID_PREFIX):
         return []
     return sorted(_listdir(f"{SYSFS_BLOCK}/{name}/slaves"))
 
@@ -665,7 +664,7 @@ def _blkid(path):
         return [{"type": "ambivalent (several signatures)", "usage": "unknown"}], None
     if result["retcode"]:
         raise CommandExecutionError(f"blkid -p {path} failed: {result['stderr'].strip()[:200]}")
-    values = _util("tab.parse_blkid_export")(result["stdout"])
+    values = core.tab.parse_blkid_export(result["stdout"])
     signatures = [{"type": values["TYPE"], "usage": values.get("USAGE", "")}] if "TYPE" in values else []
     return signatures, values.get("PTTYPE")
 
@@ -697,7 +696,7 @@ def _key_test(path, header, key_file, keyslot=None):
             f"LUKS header unreadable or without a data offset ({header.get('error', size)}): key not tried",
         )
     try:
-        with _util("files.memory_copy")(path, size) as copy:
+        with core.files.memory_copy(path, size) as copy:
             result = __salt__["cmd.run_all"](
                 [
                     "cryptsetup",

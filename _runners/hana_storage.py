@@ -61,6 +61,7 @@ import threading
 import time
 import uuid
 
+import hana_storage_core as core  # the loader puts its utils directories on sys.path while loading this
 import salt.client
 import salt.crypt
 import salt.utils.event
@@ -68,6 +69,8 @@ import salt.utils.sdb
 import salt.utils.verify
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding
+
+core = core.fresh()  # after a saltutil.sync, the files it brought, not those this process imported first
 
 log = logging.getLogger(__name__)
 
@@ -105,11 +108,6 @@ def __virtual__():
     return __virtualname__
 
 
-def _util(name):
-    """The formula's pure code, through the loader as the other modules reach it."""
-    return __utils__[f"hana_storage_{name}"]
-
-
 def _config():
     config = {**DEFAULTS, **(__opts__.get("hana_storage") or {})}
     for name in LIMITS:
@@ -135,8 +133,8 @@ def _limiters(config):
     with _LIMITERS_LOCK:
         if ident not in _LIMITERS:
             _LIMITERS[ident] = (
-                _util("limits.buckets")(config["event_rate"], config["event_burst"]),
-                _util("limits.reports")(config["report_interval"]),
+                core.limits.buckets(config["event_rate"], config["event_burst"]),
+                core.limits.reports(config["report_interval"]),
             )
         return _LIMITERS[ident]
 
@@ -178,7 +176,7 @@ def _master_signature(tag, data):
     a 4096-bit one on the test machine, per event, in the reactor's threads. The padding and hash
     are PKCS1v15_SHA224: what ``salt.crypt.verify_signature(..., algorithm=SIGNING)`` checks.
     """
-    message = _util("events.master_signed_bytes")(tag, data)
+    message = core.events.master_signed_bytes(tag, data)
     return base64.b64encode(_master_key().sign(message, padding.PKCS1v15(), hashes.SHA224())).decode()
 
 
@@ -192,7 +190,7 @@ def _cluster():
     """(the MAC key of triage's Redis store, its default key prefix) for this master's cluster: hot
     masters share master.pem and master.pub, as Salt requires, and so share both; another
     cluster has others. Neither is ever logged or put in an event."""
-    store_error = _util("store.failures")()
+    store_error = core.store.failures()
     try:
         der = _master_key().private_bytes(
             serialization.Encoding.DER, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
@@ -203,7 +201,7 @@ def _cluster():
         raise store_error(
             f"the redis store's key cannot be made from the master's key pair: {type(exc).__name__}"
         ) from None
-    return _util("store.mac_key")(der), _util("store.cluster_prefix")(public)
+    return core.store.mac_key(der), core.store.cluster_prefix(public)
 
 
 def verify_master(tag, data):
@@ -224,7 +222,7 @@ def verify_master(tag, data):
     signature = data.get("sig") if isinstance(data, dict) else None
     if not isinstance(signature, str) or not signature:
         return {"code": "forged_master_event", "reason": "unsigned: the master signs every event it fires"}
-    message = _util("events.master_signed_bytes")(tag, data)
+    message = core.events.master_signed_bytes(tag, data)
     pub = os.path.join(__opts__["pki_dir"], "master.pub")
     try:
         good = salt.crypt.verify_signature(pub, message, base64.b64decode(signature), algorithm=SIGNING)
@@ -297,7 +295,7 @@ def verify(tag, data):
 
         salt-run hana_storage.verify tag=salt/beacon/db1/hana_storage/violation data='{...}'
     """
-    minion, event = _util("events.minion_of_tag")(tag)
+    minion, event = core.events.minion_of_tag(tag)
     return _sender_problem(minion) or _signature_problem(minion, event, data)
 
 
@@ -310,7 +308,7 @@ def _signature_problem(minion, event, data):
         if config["require_signature"]:
             return {"code": "unsigned", "reason": "unsigned event"}
         return None
-    message = _util("events.signed_bytes")(minion, event, data)
+    message = core.events.signed_bytes(minion, event, data)
     try:
         good = salt.crypt.verify_signature(pub, message, base64.b64decode(signature), algorithm=SIGNING)
     except Exception:  # noqa: BLE001 - a malformed signature is a forgery like any other
@@ -339,7 +337,7 @@ def _store():
     # utils function runs in the utils loader's context, which has no __utils__ (the engine's
     # redeliver failed so)
     cluster = _cluster() if settings.get("driver") == "redis" else None
-    return _util("store.open_store")(
+    return core.store.open_store(
         settings, __opts__["cachedir"], redeliver=float(config["lease"]), cluster=cluster
     )
 
@@ -362,7 +360,7 @@ def _claim(minion, rule, key, since, alert=None):
     the occurrence handled and adds the alert to the outbox, which is then delivered. A master
     that dies can neither lose the alert nor leave the occurrence to be alerted again.
     """
-    config, claim, complete = _config(), _util("store.claim"), _util("store.complete")
+    config, claim, complete = _config(), core.store.claim, core.store.complete
     lease, owner = float(config["lease"]), _owner()
     events = [_outbox_event(ALERT_TAG, alert)] if alert else []
 
@@ -394,7 +392,7 @@ def _owner():
 def _complete(minion, rule, key, since, action, events):
     """Record the occurrence as handled, tally ``action`` (the metrics every master shares) and
     add ``events`` to the outbox, in one change of the store."""
-    complete = _util("store.complete")
+    complete = core.store.complete
     return _recorded(
         minion,
         rule,
@@ -407,7 +405,7 @@ def _complete(minion, rule, key, since, action, events):
 def _release(minion, rule, key, action, events):
     """Give up the occurrence _claim holds, keeping its cooldown (the first event after it acts
     again), tally ``action`` and add ``events`` to the outbox, in one change of the store."""
-    release = _util("store.release")
+    release = core.store.release
     return _recorded(
         minion,
         rule,
@@ -423,7 +421,7 @@ def _recorded(minion, rule, change, tally, events):
     triaged again then: acted on twice rather than forgotten."""
     try:
         result = _store().update(minion, rule, change, tally=tally, outbox=lambda _result: events)
-    except _util("store.failures")() as error:
+    except core.store.failures() as error:
         log.error("hana_storage: %s on %s was handled but not recorded: %s", rule, minion, error)
         _deliver(events, recorded=False)
         return None
@@ -452,7 +450,7 @@ def _deliver(events, recorded=True, again=False):
     if recorded and fired and (again or not _engine_running()):
         try:
             _store().confirm(fired)
-        except _util("store.failures")() as error:  # put on the bus again when due: a repeat, not a loss
+        except core.store.failures() as error:  # put on the bus again when due: a repeat, not a loss
             log.warning("hana_storage: delivered events not confirmed in the store: %s", error)
 
 
@@ -506,7 +504,7 @@ def _renewing(minion, held):
     # The thread is handed the store and the owner, not the loader's dunders: Salt keeps those
     # in contextvars, and in the triage engine's threads even a copied context left __utils__
     # None there (every renewal failed, in the VM tier's master logs).
-    lease, renew = float(_config()["lease"]), _util("store.renew")
+    lease, renew = float(_config()["lease"]), core.store.renew
     store, owner = _store(), _owner()
     stop = threading.Event()
 
@@ -530,7 +528,7 @@ def _renewing(minion, held):
 def _violation_finding(data):
     """The finding a violation event reports, with the occurrence it is (key, since)."""
     finding = {k: data.get(k) for k in FACTS}
-    finding["key"] = data.get("key") or _util("events.finding_key")(finding)
+    finding["key"] = data.get("key") or core.events.finding_key(finding)
     # the occurrence's first report (the beacon's since: the same on every master connection);
     # a beacon from before the field sends only ts, which is its since
     since = data.get("since")
@@ -576,13 +574,13 @@ def _triage(tag, data):
 
     The checks run cheapest first: the id and its accepted key (a stat), the sender's token bucket
     (an accepted id's own; every other claim shares one), the event's size, then the signature."""
-    minion, event = _util("events.minion_of_tag")(tag)
+    minion, event = core.events.minion_of_tag(tag)
     if event not in ("violation", "audit") or not isinstance(data, dict):
         return {"action": "ignored", "reason": "not a hana_storage violation or audit event"}, True
     config = _config()
     buckets, reports = _limiters(config)
     problem = _sender_problem(minion)
-    sender = _util("limits.unknown")() if problem else minion
+    sender = core.limits.unknown() if problem else minion
     if not buckets.allow(sender):
         problem = {
             "code": "rate_limited",
@@ -602,7 +600,7 @@ def _triage(tag, data):
         return _rejected(reports, tag, minion, sender, problem, data)
     if event == "violation":
         return _handle(minion, [_violation_finding(data)], event)[0], True
-    findings, most = _util("events.open_findings")(data), int(config["max_audit_findings"])
+    findings, most = core.events.open_findings(data), int(config["max_audit_findings"])
     result = {"action": "reconciled", "minion": minion, "findings": _handle(minion, findings[:most], event)}
     if len(findings) > most:
         result["dropped"] = len(findings) - most
@@ -635,7 +633,7 @@ def _rejected(reports, tag, minion, sender, problem, data):
 
 def _handle(minion, findings, via):
     """One result per finding: alert the manual ones, remediate the auto ones in one call to the minion."""
-    known, store_error = _util("rules.rule_table")(), _util("store.failures")()
+    known, store_error = core.rules.rule_table(), core.store.failures()
     results, to_fix = [], []
     for finding in findings:
         rule = finding.get("rule")
@@ -809,7 +807,7 @@ def report(tgt="*", tgt_type="glob", timeout=None):
         timeout=timeout or config["report_timeout"],
         full_return=True,
     )
-    fleet = _util("report.fleet")(returns)
+    fleet = core.report.fleet(returns)
     if __opts__.get("output"):
         return fleet
-    return _util("report.table")(fleet["rows"])
+    return core.report.table(fleet["rows"])

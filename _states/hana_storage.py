@@ -21,8 +21,11 @@ import stat
 import tempfile
 import uuid as uuid_module
 
+import hana_storage_core as core  # the loader puts its utils directories on sys.path while loading this
 import salt.utils.data
 from salt.exceptions import CommandExecutionError
+
+core = core.fresh()  # after a saltutil.sync, the files it brought, not those this process imported first
 
 __virtualname__ = "hana_storage"
 
@@ -45,10 +48,6 @@ def _done(ret, comment, result=True, **changes):
 
 def _would(ret, comment):
     return _done(ret, comment, result=None)
-
-
-def _util(name):
-    return __utils__[f"hana_storage_{name}"]
 
 
 def _run(argv):
@@ -105,7 +104,7 @@ def _key_files(*paths):
 
 
 def _wipe(ret, device, reason):
-    ok, err = _run(_util("commands.wipe")(device))
+    ok, err = _run(core.commands.wipe(device))
     if not ok:
         _done(ret, f"wipefs {device} failed: {err}", result=False)
         return False
@@ -127,7 +126,7 @@ def pillar_valid(name):
     """
     ret = _ret(name)
     errors = __salt__["hana_storage.validate_pillar"]()
-    ret["comment"] = _util("pillar.validation_summary")(errors)
+    ret["comment"] = core.pillar.validation_summary(errors)
     if errors:
         ret["result"] = False
         ret["comment"] += "\nnothing was touched"
@@ -212,8 +211,8 @@ def _mount_table(path):
     with open("/proc/self/mountinfo", "rb") as handle:
         raw = handle.read()
     malformed = []
-    mounts = _util("tab.parse_mountinfo")(raw, malformed=malformed)
-    doubt = _util("tab.mountinfo_doubt")(malformed, path)
+    mounts = core.tab.parse_mountinfo(raw, malformed=malformed)
+    doubt = core.tab.mountinfo_doubt(malformed, path)
     if doubt:
         raise MountTableError(f"cannot tell what is mounted at {path}: /proc/self/mountinfo {doubt['error']}")
     return mounts
@@ -334,7 +333,7 @@ def devices_safe(name, volume):
     key_file = volume["key"]["file"]
     keys = _key_files(key_file, (volume["key"].get("previous") or {}).get("file"))
     probes = __salt__["hana_storage_host.probe"](volume["devices"], key_file=keys if below and keys else None)
-    verdicts = [_util("safety.disk_verdict")(volume, probes[device]) for device in volume["devices"]]
+    verdicts = [core.safety.disk_verdict(volume, probes[device]) for device in volume["devices"]]
     refused = [v for v in verdicts if v["verdict"] == "refuse"]
     if refused and __opts__["test"] and all(v["code"] == "key_not_tested" for v in refused):
         return _would(
@@ -345,7 +344,7 @@ def devices_safe(name, volume):
     if refused:
         return _done(
             ret,
-            f"refusing to touch volume {name}: {_util('safety.refusal_summary')(verdicts)}. Nothing was "
+            f"refusing to touch volume {name}: {core.safety.refusal_summary(verdicts)}. Nothing was "
             f"changed on any of its devices. To format a device that holds data, list it in "
             f"hana:storage:volumes:{name}:allow_format.",
             result=False,
@@ -401,7 +400,7 @@ def luks_formatted(
             return _would(ret, f"would luksFormat {name} once it exists ({what})")
         return _done(ret, f"{name} does not exist", result=False)
     probe = _probe(name, _key_files(key_file, previous_key_file) or None)
-    verdict = _util("safety.layer_verdict")(
+    verdict = core.safety.layer_verdict(
         "luks", probe, may_wipe, own_holders=[label], created_now=_created_in_this_run(created_by)
     )
     if verdict["verdict"] == "use":
@@ -417,14 +416,14 @@ def luks_formatted(
         return _would(ret, f"would luksFormat {name} ({what}; {verdict['reason']})")
     if verdict["verdict"] == "wipe" and not _wipe(ret, name, verdict["reason"]):
         return ret
-    offset = _util("commands.luks_data_offset")(stripe_kib, stripes)
+    offset = core.commands.luks_data_offset(stripe_kib, stripes)
     # the mark that says this header is the formula's own until its keyslot is there: a luksFormat
     # killed in between leaves a header no key opens, which the next run may format again
     uuid = str(uuid_module.uuid4())
     marker = __salt__["hana_storage_host.format_marker"](uuid)
     os.makedirs(os.path.dirname(marker), mode=0o700, exist_ok=True)
-    _util("files.replace_file")(marker, name.encode(), mode=0o600)
-    argv = _util("commands.luks_format")(name, key_file, luks, label=label, offset_sectors=offset, uuid=uuid)
+    core.files.replace_file(marker, name.encode(), mode=0o600)
+    argv = core.commands.luks_format(name, key_file, luks, label=label, offset_sectors=offset, uuid=uuid)
     ok, err = _run(argv)
     if not ok:
         return _done(ret, f"cryptsetup luksFormat {name} failed: {err}", result=False)
@@ -505,7 +504,7 @@ def key_enrolled(name, key_file, previous_key_file, pbkdf=None, key_pillar=None,
             ret,
             f"would add a keyslot for {key_file} to {name}, authorised by the previous key {previous_key_file}",
         )
-    ok, err = _run(_util("commands.luks_add_key")(name, previous_key_file, key_file, pbkdf or {}))
+    ok, err = _run(core.commands.luks_add_key(name, previous_key_file, key_file, pbkdf or {}))
     if not ok:
         return _done(ret, f"cryptsetup luksAddKey {name} failed: {err}", result=False)
     proven = _key_slots(name, key_file)
@@ -572,7 +571,7 @@ def previous_key_removed(name, key_file, previous_key_file, key_pillar=None, pre
         return _would(ret, f"would remove keyslots {remove} of {name} (the previous key's)")
     removed = []
     for slot in remove:
-        ok, err = _run(_util("commands.luks_kill_slot")(name, slot, key_file))
+        ok, err = _run(core.commands.luks_kill_slot(name, slot, key_file))
         if not ok:
             changes = {"removed": {"keyslots": removed}} if removed else {}
             return _done(ret, f"cryptsetup luksKillSlot {name} {slot} failed: {err}", result=False, **changes)
@@ -613,7 +612,7 @@ def tang_bound(name, key_file, tang, header_backup=None, previous_key_file=None)
             "(cryptsetup luksHeaderBackup, then cryptsetup repair). Nothing was changed.",
             result=False,
         )
-    verdict = _util("rules.tang_binding_verdict")
+    verdict = core.rules.tang_binding_verdict
     tokens = [t for t in header.get("tokens", []) if t["type"] == "clevis"]
     by_verdict = {"matches": [], "stale": [], "foreign": []}
     for token in tokens:
@@ -638,12 +637,12 @@ def tang_bound(name, key_file, tang, header_backup=None, previous_key_file=None)
         return _would(ret, "would " + ", then ".join(steps))
     changes = {}
     if bind:
-        ok, err = _run_clevis(_util("commands.clevis_bind")(name, key_file, tang))
+        ok, err = _run_clevis(core.commands.clevis_bind(name, key_file, tang))
         if not ok:
             return _done(ret, f"clevis luks bind {name} failed: {err}", result=False)
         changes["bound"] = {"servers": urls, "threshold": tang["threshold"]}
     for slot in stale_slots:
-        ok, err = _run_clevis(_util("commands.clevis_unbind")(name, slot))
+        ok, err = _run_clevis(core.commands.clevis_unbind(name, slot))
         if not ok:
             return _done(
                 ret, f"clevis luks unbind {name} keyslot {slot} failed: {err}", result=False, **changes
@@ -686,7 +685,7 @@ def header_backed_up(name, backup, key_file, previous_key_file=None, tang=None, 
             )
         return _done(ret, f"{name}: {error}", result=False)
     fact = __salt__["hana_storage_host.header_backup"](backup)
-    problem = _util("rules.header_backup_problem")(fact, live, tang)
+    problem = core.rules.header_backup_problem(fact, live, tang)
     if problem is None:
         return _done(ret, f"{backup} is a current backup of the LUKS header of {name}")
     if problem["rule"] == "HANA-KEY-007" and not _changed_in_this_run(
@@ -696,7 +695,7 @@ def header_backed_up(name, backup, key_file, previous_key_file=None, tang=None, 
             ret,
             f"not replacing the header backup {backup}: the LUKS header of {name} lost what it holds "
             f"({problem['text']}). If the volume's key no longer opens {name}, restore it: "
-            f"{_util('rules.restore_hint')(name, backup)}. If that was done on purpose, move the backup "
+            f"{core.rules.restore_hint(name, backup)}. If that was done on purpose, move the backup "
             "aside and apply again. Nothing was changed.",
             result=False,
         )
@@ -724,7 +723,7 @@ def _changed_in_this_run(device, problem, fact, live, formatted_by, tang=None):
         for change in ("removed", "unbound")
         for slot in ((r.get("changes") or {}).get(change) or {}).get("keyslots", [])
     }
-    return set(_util("rules.lost_keyslots")(fact, live, tang)) <= removed
+    return set(core.rules.lost_keyslots(fact, live, tang)) <= removed
 
 
 def _back_up_header(device, backup, key_file, previous_key_file=None, tang=None):
@@ -771,8 +770,8 @@ def _make_proven_backup(device, new, key_file, previous_key_file, tang):
     size = header.get("data_offset")
     if not isinstance(size, int) or size <= 0:
         return False, f"the LUKS header of {device} names no data offset: not backing it up"
-    with _util("files.memory_copy")(os.path.realpath(device), size) as copy:
-        ok, err = _run(_util("commands.luks_header_backup")(copy, new))
+    with core.files.memory_copy(os.path.realpath(device), size) as copy:
+        ok, err = _run(core.commands.luks_header_backup(copy, new))
     if not ok:
         return False, f"cryptsetup luksHeaderBackup of a copy of the header of {device} failed: {err}"
     made = __salt__["hana_storage_host.header_backup"](new)
@@ -785,7 +784,7 @@ def _make_proven_backup(device, new, key_file, previous_key_file, tang):
             f"the volume's key {key_file} does not open the header of {device} "
             f"({opens['error'] or 'no keyslot takes it'}): not making a backup of it; the old one stays"
         )
-    accounted = {str(slot) for slot in opens["keyslots"]} | _util("rules.pillar_clevis_keyslots")(live, tang)
+    accounted = {str(slot) for slot in opens["keyslots"]} | core.rules.pillar_clevis_keyslots(live, tang)
     if previous_key_file and os.path.exists(previous_key_file):
         accounted |= {
             str(s) for s in __salt__["hana_storage_host.key_slots"](new, previous_key_file)["keyslots"]
@@ -822,7 +821,7 @@ def pv_safe(name, vg, lv_dm_name=None, opened_by=None):
         if __opts__["test"]:
             return _would(ret, f"would check what {name} holds once it is opened")
         return _done(ret, f"{name} does not exist", result=False)
-    verdict = _util("safety.layer_verdict")(
+    verdict = core.safety.layer_verdict(
         "pv", _probe(name), False, own_holders=[lv_dm_name] if lv_dm_name else [], own_vg=vg
     )
     if verdict["verdict"] == "refuse":
@@ -864,10 +863,10 @@ def luks_opened(name, device, key_file, flags, previous_key_file=None):
     if not os.path.exists(device):
         return _done(ret, f"{device} does not exist", result=False)
     options = [f["cryptsetup"] for f in flags if f["wanted"]]
-    options += _util("pillar.unmanaged_flag_options")(_header_flags(device))
+    options += core.pillar.unmanaged_flag_options(_header_flags(device))
     errors = []
     for key in _key_files(key_file, previous_key_file) or [key_file]:
-        ok, err = _run(_util("commands.luks_open")(name, device, key, options, persistent=False))
+        ok, err = _run(core.commands.luks_open(name, device, key, options, persistent=False))
         if ok:
             return _done(
                 ret,
@@ -915,8 +914,8 @@ def luks_flags(name, device, key_file, flags):
     if __opts__["test"]:
         return _would(ret, f"would refresh {name}: flags {change}")
     options = [f["cryptsetup"] for f in flags if f["wanted"]]
-    options += _util("pillar.unmanaged_flag_options")(header)
-    ok, err = _run(_util("commands.luks_refresh")(name, key_file, options, persistent))
+    options += core.pillar.unmanaged_flag_options(header)
+    ok, err = _run(core.commands.luks_refresh(name, key_file, options, persistent))
     if not ok:
         return _done(ret, f"cryptsetup refresh {name} failed: {err}", result=False)
     return _done(ret, f"refreshed {name} to flags {wanted or 'none'}", flags=change)
@@ -971,9 +970,9 @@ def _set_tab_entry(path, kind, key, line):
             text = handle.read()
     except FileNotFoundError:
         text = ""
-    text, status = _util("tab.set_entry")(text, kind, key, line)
+    text, status = core.tab.set_entry(text, kind, key, line)
     if status != "present" and not __opts__["test"]:
-        _util("files.replace_file")(path, text.encode("utf-8"), mode=0o644)
+        core.files.replace_file(path, text.encode("utf-8"), mode=0o644)
     return status
 
 
@@ -993,7 +992,7 @@ def crypttab_present(name, device, key_file, options):
         if __opts__["test"]:
             return _would(ret, f"would add {name} to /etc/crypttab once {device} is formatted")
         return _done(ret, f"{device} has no LUKS header: {error}", result=False)
-    line = _util("tab.render_crypttab")(name, f"UUID={uuid}", key_file, options)
+    line = core.tab.render_crypttab(name, f"UUID={uuid}", key_file, options)
     try:
         status = _set_tab_entry(CRYPTTAB, "crypttab", name, line)
     except (OSError, UnicodeDecodeError) as error:
@@ -1038,7 +1037,7 @@ def formatted(name, stripe_kib=0, stripes=1, mkfs_options=(), may_wipe=False, op
             aligned = f" aligned to {stripes} x {stripe_kib} KiB stripes" if stripes > 1 else ""
             return _would(ret, f"would create XFS on {name} once it exists{aligned}")
         return _done(ret, f"{name} does not exist", result=False)
-    verdict = _util("safety.layer_verdict")("xfs", _probe(name), may_wipe)
+    verdict = core.safety.layer_verdict("xfs", _probe(name), may_wipe)
     if verdict["verdict"] == "use":
         return _done(ret, f"{name}: {verdict['reason']}")
     if verdict["verdict"] == "refuse":
@@ -1054,7 +1053,7 @@ def formatted(name, stripe_kib=0, stripes=1, mkfs_options=(), may_wipe=False, op
         )
     # mkfs.xfs refuses to overwrite its own unfinished superblock without -f
     force = verdict["code"] == "interrupted_mkfs"
-    argv = _util("commands.mkfs_xfs")(name, stripe_kib, stripes, list(mkfs_options), force=force)
+    argv = core.commands.mkfs_xfs(name, stripe_kib, stripes, list(mkfs_options), force=force)
     if __opts__["test"]:
         return _would(ret, f"would run {' '.join(argv)} ({verdict['reason']})")
     if verdict["verdict"] == "wipe" and not _wipe(ret, name, verdict["reason"]):
@@ -1089,7 +1088,7 @@ def mounted(name, device, options, fstab_options):
         return _done(ret, f"{device} does not exist", result=False)
     superblock = __salt__["hana_storage_host.xfs_superblock"](device)
     spec = f"UUID={superblock['uuid']}"
-    line = _util("tab.render_fstab")(spec, name, "xfs", fstab_options)
+    line = core.tab.render_fstab(spec, name, "xfs", fstab_options)
     try:
         status = _set_tab_entry(FSTAB, "fstab", name, line)
     except (OSError, UnicodeDecodeError) as error:
@@ -1098,7 +1097,7 @@ def mounted(name, device, options, fstab_options):
     # only what the kernel shows can be compared: nofail, _netdev, x-systemd.* never show
     missing = [
         o
-        for o in _util("pillar.kernel_mount_options")(options)
+        for o in core.pillar.kernel_mount_options(options)
         if live and o not in live["options"] + live["super_options"]
     ]
     if not live:

@@ -35,11 +35,11 @@ import threading
 import time
 import urllib.request
 
-import hana_storage_rules as rules
 import psutil
 import pytest
 import salt.utils.event
 import yaml
+from hana_storage_core import rules as rules
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.conftest import Target

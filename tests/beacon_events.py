@@ -4,10 +4,10 @@ import base64
 import os
 import time
 
-import hana_storage_events as events
 import salt.crypt
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import padding
+from hana_storage_core import events as events
 
 
 def signature(key, message):

@@ -27,12 +27,12 @@ import time
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "_utils")]
 
-import hana_storage_crypto as kcrypto  # noqa: E402
-import hana_storage_dm as dm  # noqa: E402
-import hana_storage_luks as luks  # noqa: E402
-import hana_storage_lvm as lvm  # noqa: E402
-import hana_storage_tab as tab  # noqa: E402
-import hana_storage_xfs as xfs  # noqa: E402
+from hana_storage_core import crypto as kcrypto  # noqa: E402
+from hana_storage_core import dm as dm  # noqa: E402
+from hana_storage_core import luks as luks  # noqa: E402
+from hana_storage_core import lvm as lvm  # noqa: E402
+from hana_storage_core import tab as tab  # noqa: E402
+from hana_storage_core import xfs as xfs  # noqa: E402
 
 from tests.unit.conftest import CHEAP_KDF  # noqa: E402 - the unit tier's cheap KDF settings
 

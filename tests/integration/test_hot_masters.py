@@ -21,11 +21,11 @@ import os
 import shutil
 import time
 
-import hana_storage_rules as rules
-import hana_storage_store
 import pytest
 import redis
 import salt.version
+from hana_storage_core import rules as rules
+from hana_storage_core import store as hana_storage_store
 
 from tests.conftest import REPO
 from tests.integration.master_bus import Bus, wait_for_reactor, wait_until

@@ -10,9 +10,9 @@ audit event, the ones already alerted are not, and the same audit event again al
 
 import time
 
-import hana_storage_rules as rules
 import pytest
 import salt.utils.event
+from hana_storage_core import rules as rules
 
 from tests import beacon_events
 from tests.integration.master_bus import wait_for_reactor

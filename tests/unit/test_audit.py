@@ -12,16 +12,16 @@ import copy
 import json
 import re
 
-import hana_storage_dm as dm
-import hana_storage_luks as luks
-import hana_storage_lvm as lvm
-import hana_storage_pillar as hp
-import hana_storage_rules as rules
-import hana_storage_stack as stack
-import hana_storage_tab as tab
-import hana_storage_xfs as xfs
 import pytest
 import yaml
+from hana_storage_core import dm as dm
+from hana_storage_core import luks as luks
+from hana_storage_core import lvm as lvm
+from hana_storage_core import pillar as hp
+from hana_storage_core import rules as rules
+from hana_storage_core import stack as stack
+from hana_storage_core import tab as tab
+from hana_storage_core import xfs as xfs
 
 from tests.conftest import REPO
 from tests.unit.conftest import DATA
@@ -748,7 +748,7 @@ def bound_header(tmp_path, tang, name="hdr.img"):
     (the plan's key.tang), its recovery key in slot 0."""
     import subprocess
 
-    import hana_storage_commands as commands
+    from hana_storage_core import commands as commands
 
     image, key = tmp_path / name, tmp_path / f"{name}.key"
     key.write_bytes(b"r" * 64)

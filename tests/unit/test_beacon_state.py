@@ -19,16 +19,14 @@ import stat
 import threading
 import time
 
-import hana_storage_events as events
-import hana_storage_rules as rules
-import hana_storage_tab as tab
 import pytest
+from hana_storage_core import events as events
+from hana_storage_core import rules as rules
+from hana_storage_core import tab as tab
 
 from tests.conftest import REPO
 from tests.unit.conftest import full_audits_in_the_tick
 
-UTILS = {f"hana_storage_events.{n}": getattr(events, n) for n in dir(events) if not n.startswith("_")}
-UTILS |= {f"hana_storage_tab.{n}": getattr(tab, n) for n in dir(tab) if not n.startswith("_")}
 COUNTER = itertools.count()
 CONFIG = [{"full_audit_interval": 3600}, {"uevents": False}, {"_beacon_name": "hana_storage"}]
 
@@ -107,7 +105,8 @@ def minion(tmp_path, host):
         )
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        module.__context__ = {"hana_storage.utils": UTILS}
+        module.core = importlib.import_module("hana_storage_core")  # what its first tick imports
+        module.__context__ = {}
         module.__opts__ = {
             "id": "db1",
             "pki_dir": str(tmp_path),

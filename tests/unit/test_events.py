@@ -10,14 +10,14 @@ import json
 import time
 from pathlib import Path
 
-import hana_storage_events as events
-import hana_storage_limits as limits
-import hana_storage_pillar as pillar
-import hana_storage_rules as rules
-import hana_storage_store as store
-import hana_storage_tab as tab
 import pytest
 import salt.crypt
+from hana_storage_core import events as events
+from hana_storage_core import limits as limits
+from hana_storage_core import pillar as pillar
+from hana_storage_core import rules as rules
+from hana_storage_core import store as store
+from hana_storage_core import tab as tab
 from prometheus_client import CollectorRegistry, generate_latest
 
 from tests import beacon_events
@@ -30,14 +30,9 @@ def load(path, name):
     spec = importlib.util.spec_from_file_location(name, REPO / path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    if getattr(module, "core", False) is None:  # the beacon imports the package on its first tick
+        module.core = importlib.import_module("hana_storage_core")
     return module
-
-
-UTILS = {f"hana_storage_events.{n}": getattr(events, n) for n in dir(events) if not n.startswith("_")}
-UTILS |= {f"hana_storage_rules.{n}": getattr(rules, n) for n in dir(rules) if not n.startswith("_")}
-UTILS |= {f"hana_storage_tab.{n}": getattr(tab, n) for n in dir(tab) if not n.startswith("_")}
-UTILS |= {f"hana_storage_store.{n}": getattr(store, n) for n in dir(store) if not n.startswith("_")}
-UTILS |= {f"hana_storage_limits.{n}": getattr(limits, n) for n in dir(limits) if not n.startswith("_")}
 
 
 def finding(rule="HANA-PERF-002", volume="data", device="/dev/mapper/hana_data"):
@@ -108,7 +103,7 @@ def test_tags():
 @pytest.fixture
 def beacon(tmp_path):
     module = load("_beacons/hana_storage.py", "beacon_under_test")
-    module.__context__ = {"hana_storage.utils": UTILS}
+    module.__context__ = {}
     module.__opts__ = {"id": "db1", "pki_dir": str(tmp_path)}
     module.audits = []
     report = {
@@ -342,7 +337,6 @@ def runner(pki, tmp_path):
         "hana_storage": {"cooldown": 300},
         "minion_id_lowercase": False,
     }
-    module.__utils__ = UTILS
     module.remediate_calls = []
     record_fired(module)
 
@@ -435,7 +429,7 @@ def two_masters(runner, redis_url):
     masters = []
     for name in ("hot-a", "hot-b"):
         master = load("_runners/hana_storage.py", f"runner_{name}")
-        for attribute in ("__utils__", "_call_remediate", "minion_ret", "remediate_calls"):
+        for attribute in ("_call_remediate", "minion_ret", "remediate_calls"):
             setattr(master, attribute, getattr(runner, attribute))
         record_fired(master)
         settings = {
@@ -546,7 +540,7 @@ def test_cooldown_survives_a_reload_and_ends(runner, pki):
     tag = "salt/beacon/db1/hana_storage/violation"
     assert runner.triage(tag, violation(pki, "db1", finding(), time.time() - 9))["action"] == "remediated"
     again = load("_runners/hana_storage.py", "runner_reloaded")
-    for name in ("__opts__", "__utils__", "_call_remediate", "_fire"):
+    for name in ("__opts__", "_call_remediate", "_fire"):
         setattr(again, name, getattr(runner, name))
     drifted_again = violation(pki, "db1", finding(), time.time())  # the same finding, a new occurrence
     assert again.triage(tag, drifted_again)["action"] == "cooldown"
@@ -659,7 +653,7 @@ def test_an_alert_the_bus_refused_is_put_on_it_again_when_due(runner, pki, monke
     alert that never left stays in the outbox and goes on the bus once it is due, with its
     event_id, and the occurrence is not alerted a second time."""
     fresh = load("_runners/hana_storage.py", "runner_firing")
-    for name in ("__opts__", "__utils__", "_call_remediate"):
+    for name in ("__opts__", "_call_remediate"):
         setattr(fresh, name, getattr(runner, name))
     fresh.__opts__ = {**runner.__opts__, "hana_storage": {"cooldown": 300, "lease": 0.5}}
     monkeypatch.setattr(fresh.time, "sleep", lambda seconds: None)
@@ -933,9 +927,7 @@ def module(monkeypatch):
         volumes = {"data": {"mounted": False}}
         return {"findings": found, "volumes": volumes, "compliant": not found}
 
-    utils = {f"rules.{name}": getattr(rules, name) for name in ("rule_table", "auto_rules", "fix_for")}
-    utils["rules.audit"] = audit_of
-    monkeypatch.setattr(module, "_util", lambda name: utils[name])
+    monkeypatch.setattr(module.core.rules, "audit", audit_of)
     monkeypatch.setattr(module, "_plan", lambda pillar=None: remediation_plan(module.policy))
 
     def single(fun, name, test=None, queue=None, **kwargs):
@@ -1046,7 +1038,6 @@ def test_remediate_counts_a_fix_once_its_re_audit_finds_it_no_more(module):
 @pytest.fixture
 def exporter():
     module = load("_engines/hana_storage_exporter.py", "exporter_under_test")
-    module.__utils__ = UTILS
     registry = CollectorRegistry()
     return module, module.Metrics(registry), registry
 
@@ -1166,7 +1157,7 @@ def test_exporter_ignores_rejected_senders(exporter):
 def firing(runner, monkeypatch):
     """A runner whose _fire is the real one (signing included), its bus a list."""
     fresh = load("_runners/hana_storage.py", "runner_signing")
-    for name in ("__opts__", "__utils__", "_call_remediate"):
+    for name in ("__opts__", "_call_remediate"):
         setattr(fresh, name, getattr(runner, name))
     fresh.sent = []
     monkeypatch.setattr(fresh, "_send", lambda tag, data: fresh.sent.append((tag, data)) or True)
@@ -1261,7 +1252,6 @@ def test_an_event_that_cannot_be_signed_is_not_fired(firing, pki):
 def test_a_violation_is_the_occurrence_its_since_names():
     """Two beacon instances (one per master connection) report one occurrence with one since."""
     runner = load("_runners/hana_storage.py", "runner_since")
-    runner.__utils__ = UTILS
     data = beacon_events.violation_data(finding(), 200.0)
     assert runner._violation_finding({**data, "since": 100.0})["since"] == 100.0
     assert runner._violation_finding(data)["since"] == 200.0  # an older beacon: its ts
@@ -1385,7 +1375,7 @@ def test_two_clusters_on_one_redis_share_nothing(runner, pki, keys, redis_url, t
     clusters = []
     for name, directory in (("one", pki), ("two", other_pki)):
         master = load("_runners/hana_storage.py", f"runner_cluster_{name}")
-        for attribute in ("__utils__", "_call_remediate", "minion_ret", "remediate_calls"):
+        for attribute in ("_call_remediate", "minion_ret", "remediate_calls"):
             setattr(master, attribute, getattr(runner, attribute))
         record_fired(master)
         settings = {"cooldown": 300, "store": {"driver": "redis", "url": redis_url}}

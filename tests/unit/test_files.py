@@ -13,9 +13,9 @@ import sys
 import textwrap
 import time
 
-import hana_storage_files as files
-import hana_storage_tab as tab
 import pytest
+from hana_storage_core import files as files
+from hana_storage_core import tab as tab
 
 from tests.conftest import REPO
 
@@ -108,7 +108,7 @@ WRITER = textwrap.dedent(
             import salt.modules.cryptdev as cryptdev
             cryptdev.set_crypttab("vol0", f"UUID=changed{{n}}", config=path, test=False)
         else:
-            import hana_storage_files, hana_storage_tab
+            from hana_storage_core import files as hana_storage_files, tab as hana_storage_tab
             with open(path) as handle:
                 text = handle.read()
             text, _ = hana_storage_tab.set_entry(text, "crypttab", "vol0", f"vol0 UUID=changed{{n}} none luks")

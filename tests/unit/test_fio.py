@@ -6,8 +6,8 @@ import shutil
 import stat
 import subprocess
 
-import hana_storage_fio as fio
 import pytest
+from hana_storage_core import fio as fio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -88,21 +88,14 @@ def test_argv_runs_under_real_fio(tmp_path):
     assert fio.parse_result(out)["ios"] > 0
 
 
-def test_io_check_reaches_the_fio_util_through_salts_loader(tmp_path, monkeypatch):
-    """The execution module as Salt loads it: ``__utils__`` holds functions, not modules."""
+def test_io_check_hands_fio_the_file_it_made_never_a_planted_link(tmp_path, monkeypatch):
     import importlib.util
-
-    import salt.config
-    import salt.loader
 
     from tests.conftest import REPO
 
-    opts = salt.config.minion_config(None)
-    opts.update(utils_dirs=[str(REPO / "_utils")], cachedir=str(tmp_path), file_client="local")
     spec = importlib.util.spec_from_file_location("io_check_module", REPO / "_modules" / "hana_storage.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module.__utils__ = salt.loader.utils(opts)
     module.__grains__, module.__context__ = {"virtual": "kvm"}, {}
     monkeypatch.setattr(module.salt.utils.path, "which", lambda name: f"/usr/bin/{name}")
     monkeypatch.setattr(

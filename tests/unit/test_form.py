@@ -4,10 +4,10 @@ valid for the schema."""
 
 import json
 
-import hana_storage_rules as rules
 import jsonschema
 import pytest
 import yaml
+from hana_storage_core import rules as rules
 
 from tests.conftest import REPO
 

@@ -2,7 +2,7 @@
 
 import threading
 
-import hana_storage_limits as limits
+from hana_storage_core import limits as limits
 
 
 def test_a_bucket_takes_a_burst_then_its_rate():

@@ -4,8 +4,8 @@ import json
 import struct
 import subprocess
 
-import hana_storage_luks as luks
 import pytest
+from hana_storage_core import luks as luks
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

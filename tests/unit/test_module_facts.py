@@ -4,12 +4,11 @@ command's messages."""
 import copy
 import importlib.util
 
-import hana_storage_lvm as lvm
 import pytest
+from hana_storage_core import lvm as lvm
 from salt.exceptions import CommandExecutionError
 
 from tests.conftest import REPO
-from tests.support.utils import UTILS
 from tests.unit.test_audit import recorded_facts
 
 
@@ -18,7 +17,6 @@ def module(monkeypatch, tmp_path):
     spec = importlib.util.spec_from_file_location("host_module", REPO / "_modules" / "hana_storage_host.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module.__utils__ = UTILS
     module.runs = []
     module.driver = tmp_path / "device-mapper"
     monkeypatch.setattr(module, "DM_DRIVER", str(module.driver))
@@ -73,9 +71,8 @@ def test_key_slots_names_the_keyslots_a_key_opens_on_a_real_header_without_writi
     import hashlib
     import subprocess
 
-    import hana_storage_luks as luks
+    from hana_storage_core import luks as luks
 
-    module.__utils__["hana_storage_luks.parse_header"] = luks.parse_header
     module.__salt__ = {
         "cmd.run_all": lambda argv, **kwargs: {
             "retcode": (done := subprocess.run(argv, capture_output=True, text=True)).returncode,
@@ -107,7 +104,7 @@ def test_the_guards_key_test_takes_the_key_or_the_previous_key(module, make_luks
     a refusal by both is "no key opens it"."""
     import subprocess
 
-    import hana_storage_luks as luks
+    from hana_storage_core import luks as luks
 
     module.__salt__ = {
         "cmd.run_all": lambda argv, **kwargs: {
@@ -153,7 +150,6 @@ def test_the_lvm_report_key_ignores_a_crypt_tables_drift_and_sees_every_lv_or_de
 @pytest.fixture
 def lvm_module(module, monkeypatch):
     module.__context__ = {}
-    module.__utils__["hana_storage_lvm.report_key"] = lvm.report_key
     module.reads = []
 
     def read():
@@ -222,7 +218,7 @@ def test_the_previous_key_is_tried_once_per_header_and_key_file(module, monkeypa
     monkeypatch.setattr(
         module, "key_slots", lambda device, key_file: tries.append(device) or {"keyslots": [0], "error": None}
     )
-    module.__utils__ = {"hana_storage_stack.backing_device": lambda device: device["slaves"][0]}
+    monkeypatch.setattr(module.core.stack, "backing_device", lambda device: device["slaves"][0])
     module.__context__ = {}
     plan = {"volumes": {
         "data": {"key": {"previous": {"file": str(key)}}, "crypt": [{"name": "hana_data"}]},

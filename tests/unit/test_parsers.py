@@ -5,12 +5,12 @@ import re
 import shutil
 import subprocess
 
-import hana_storage_crypto as kcrypto
-import hana_storage_dm as dm
-import hana_storage_lvm as lvm
-import hana_storage_tab as tab
-import hana_storage_xfs as xfs
 import pytest
+from hana_storage_core import crypto as kcrypto
+from hana_storage_core import dm as dm
+from hana_storage_core import lvm as lvm
+from hana_storage_core import tab as tab
+from hana_storage_core import xfs as xfs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

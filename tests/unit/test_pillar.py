@@ -5,11 +5,11 @@ import copy
 import json
 import re
 
-import hana_storage_pillar as hp
-import hana_storage_rules as rules
 import jinja2
 import pytest
 import yaml
+from hana_storage_core import pillar as hp
+from hana_storage_core import rules as rules
 
 from tests.conftest import REPO
 
@@ -543,8 +543,8 @@ def test_crypttab_options_are_what_the_hosts_systemd_understands(systemd, option
 def test_each_dm_crypt_flag_is_spelled_in_one_table_the_parsers_understand():
     """The plan carries every flag the formula decides on with each layer's spelling: the dm
     table's and the LUKS2 header's parsers know those spellings, and the pillar names them."""
-    import hana_storage_dm as dm
-    import hana_storage_luks as luks
+    from hana_storage_core import dm as dm
+    from hana_storage_core import luks as luks
 
     plan = hp.normalize(hp.merge(DEFAULTS, GOOD), systemd_version="247")
     flags = {f["dm"]: f for f in plan["luks"]["flags"]}

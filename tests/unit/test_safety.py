@@ -2,10 +2,10 @@
 
 import base64
 
-import hana_storage_commands as commands
-import hana_storage_pillar as hp
-import hana_storage_safety as safety
 import pytest
+from hana_storage_core import commands as commands
+from hana_storage_core import pillar as hp
+from hana_storage_core import safety as safety
 
 from tests.unit.test_audit import DEFAULTS
 

@@ -1,10 +1,10 @@
 """The state SLS files rendered from a plan, by Salt's own Jinja: which steps each volume gets
 and what each requires."""
 
-import hana_storage_pillar as hp
 import pytest
 import salt.utils.yaml
 import yaml
+from hana_storage_core import pillar as hp
 
 from tests.conftest import REPO
 from tests.support.sls import render

@@ -9,12 +9,11 @@ import os
 import re
 from unittest.mock import MagicMock
 
-import hana_storage_pillar as pillar
 import pytest
+from hana_storage_core import pillar as pillar
 from salt.exceptions import CommandExecutionError
 
 from tests.conftest import REPO
-from tests.support.utils import UTILS
 
 spec = importlib.util.spec_from_file_location("hana_storage_state", REPO / "_states" / "hana_storage.py")
 states = importlib.util.module_from_spec(spec)
@@ -63,9 +62,7 @@ def pillar_data():
 
 @pytest.fixture
 def configure_loader_modules(salt_functions, opts, pillar_data):
-    return {
-        states: {"__salt__": salt_functions, "__utils__": UTILS, "__opts__": opts, "__pillar__": pillar_data}
-    }
+    return {states: {"__salt__": salt_functions, "__opts__": opts, "__pillar__": pillar_data}}
 
 
 @pytest.fixture
@@ -1463,7 +1460,6 @@ def real_headers(salt_functions):
     spec = importlib.util.spec_from_file_location("host_module", REPO / "_modules" / "hana_storage_host.py")
     host = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(host)
-    host.__utils__ = UTILS
     host.__salt__ = {"cmd.run_all": run_cryptsetup}
     salt_functions["hana_storage_host.luks_header"] = MagicMock(side_effect=host.luks_header)
     salt_functions["hana_storage_host.header_backup"] = MagicMock(side_effect=host.header_backup)
@@ -1483,7 +1479,7 @@ def run_cryptsetup(argv, **_kwargs):
 
 
 def backup_state(host, backup, image):
-    return states._util("rules.header_backup_problem")(
+    return states.core.rules.header_backup_problem(
         host.header_backup(str(backup)), host.luks_header(str(image))
     )
 

@@ -6,8 +6,8 @@ import json
 import threading
 import time
 
-import hana_storage_store as store
 import pytest
+from hana_storage_core import store as store
 
 from tests.support.redis_store import STORE_ACL, as_user, redis_server
 

@@ -8,9 +8,9 @@ import socket
 import threading
 import time
 
-import hana_storage_rules as rules
 import pytest
 import salt.utils.templates
+from hana_storage_core import rules as rules
 
 from tests.conftest import REPO
 
@@ -68,7 +68,7 @@ def test_the_reactor_the_runner_and_the_engine_name_one_socket(engine):
 
 def test_the_runner_the_engine_and_the_store_name_one_pair_of_outbox_tags(engine):
     """What the outbox holds, what the engine confirms and all that redeliver ever sends."""
-    import hana_storage_store as store
+    from hana_storage_core import store as store
 
     spec = importlib.util.spec_from_file_location("runner_outbox_tags", REPO / "_runners/hana_storage.py")
     runner = importlib.util.module_from_spec(spec)
@@ -128,7 +128,6 @@ def running(engine, sock_dir, triage):
         "hana_storage.redeliver": lambda: 0,
     }
     engine.follow_bus = lambda later, delivered, settle: threading.Event().wait()  # no master's bus here
-    engine.__utils__ = {"hana_storage_rules.auto_rules": rules.auto_rules}
     kwargs = {"workers": 2, "remediation_workers": 2, "backlog": 4}
     threading.Thread(target=engine.start, kwargs=kwargs, daemon=True).start()
     path = os.path.join(sock_dir, engine.SOCKET_NAME)

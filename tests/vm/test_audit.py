@@ -182,7 +182,7 @@ def test_compliant_stack_is_silent_and_summary_is_right(audit):
 
 
 def test_every_rule_fires_somewhere(audit):
-    import hana_storage_rules
+    from hana_storage_core import rules as hana_storage_rules
 
     fired = {f["rule"] for f in audit["findings"]}
     # LAYOUT-004 (suspended, missing): test_suspended_crypt_and_missing_stripe_disk_... below;

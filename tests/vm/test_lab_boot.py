@@ -217,7 +217,7 @@ def test_every_auto_rules_fix_works_through_remediate_on_a_real_minion(vm, built
     """Regression (issue 29, item 14): the KEY-001 fix failed on every minion ("Pillar data must
     be formatted as a dictionary"), and no test had run it. Each auto rule is broken, found by the
     audit, fixed by hana_storage.remediate (the call triage makes) and gone from the audit after."""
-    import hana_storage_rules
+    from hana_storage_core import rules as hana_storage_rules
 
     assert set(BREAKERS) == set(hana_storage_rules.auto_rules())
     vm.run(

@@ -16,9 +16,9 @@ boots - systemd-cryptsetup for each /etc/crypttab line, LVM activation, the moun
 
 import json
 
-import hana_storage_report
 import pytest
 import yaml
+from hana_storage_core import report as hana_storage_report
 
 from tests.vm.conftest import beacon_tick, boot, boot_without_salt, close_storage
 
