@@ -645,7 +645,7 @@ def _lvm_scans():
 def _multipath_paths(name):
     """The paths (kernel names) of the multipath map ``name``, or [] for any other device."""
     uuid = _read(f"{SYSFS_BLOCK}/{name}/dm/uuid").strip()
-    if not uuid.startswith(core.stack.MULTIPATH_UUID_PREFIX):
+    if not core.stack.is_multipath_uuid(uuid):
         return []
     return sorted(_listdir(f"{SYSFS_BLOCK}/{name}/slaves"))
 

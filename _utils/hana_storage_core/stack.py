@@ -12,6 +12,11 @@ CRYPT_UUID_PREFIX = "CRYPT-"
 MULTIPATH_UUID_PREFIX = "mpath-"  # what multipathd names its maps' dm UUIDs
 
 
+def is_multipath_uuid(uuid):
+    """Is a dm UUID one of multipathd's maps (``mpath-<wwid>``)?"""
+    return isinstance(uuid, str) and uuid.startswith(MULTIPATH_UUID_PREFIX)
+
+
 def build_devices(sysfs, tables, mounts):
     """{name: device} with kind, paths, dm table, slaves/holders and mountpoints."""
     by_dev = {info["dev"]: name for name, info in sysfs.items()}

@@ -239,3 +239,14 @@ def test_the_previous_key_is_tried_once_per_header_and_key_file(module, monkeypa
     assert module._previous_key_facts(plan, devices, headers)["dm-0"]["error"].endswith(
         "No such file or directory"
     )
+
+
+def test_the_loader_modules_import_the_formulas_code_never_through_utils():
+    """One way to the formula's code: hana_storage_core, imported (Salt's utils loader hands out
+    functions only, and a name looked up in __utils__ is not one a tool can follow)."""
+    text = "".join(
+        p.read_text()
+        for d in ("_modules", "_states", "_beacons", "_runners", "_engines")
+        for p in (REPO / d).glob("*.py")
+    )
+    assert "__utils__[" not in text and '_util("' not in text
