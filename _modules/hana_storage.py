@@ -4,7 +4,7 @@ Interfaces (stable): ``settings``, ``validate_pillar``, ``inspect``, ``luks_head
 ``dm_tables``, ``audit``, ``probe``, ``remediate``, ``io_check``. Here: the pillar and its plan,
 the audit, remediation and the I/O check. The host's facts are gathered by
 ``hana_storage_host`` (read-only, never a state), the rules, parsers and commands are pure code
-in ``_utils/hana_storage_*``. Nothing here writes to a device: ``remediate`` goes through the
+in the formula's package ``hana_storage_core`` (``_utils/``). Nothing here writes to a device: ``remediate`` goes through the
 formula's states, ``io_check`` writes one test file on a mounted volume.
 """
 
@@ -307,7 +307,7 @@ def remediate(rules=None, pillar=None):
     Apply the safe fixes, and only those: dm-crypt flags (``cryptsetup refresh --persistent``),
     crypttab, fstab and live mount options, key file mode. Never formats, opens, closes or
     unmounts anything. Works from this minion's own audit, for the rules with a fix in the rule
-    table (``hana_storage_rules.RULES``) that ``hana:storage:compliance:remediation:rules``
+    table (``core.rules.RULES``) that ``hana:storage:compliance:remediation:rules``
     allows (default: all of them).
 
     rules

@@ -4,7 +4,7 @@ sysfs, one `dmsetup table`, one `lvs`, the mount table, LUKS headers and XFS sup
 straight from the devices, and the data-loss guard's ``probe``. Nothing here writes to a device
 or calls a state: the formula's states read the host through this module, and
 ``hana_storage.remediate`` (which runs states) is elsewhere. Parsing is in
-``_utils/hana_storage_*``; the stable interface is ``hana_storage``'s, whose ``dm_tables``,
+the package ``hana_storage_core``; the stable interface is ``hana_storage``'s, whose ``dm_tables``,
 ``luks_header``, ``xfs_superblock``, ``inspect`` and ``probe`` are these.
 """
 

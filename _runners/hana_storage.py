@@ -12,7 +12,7 @@ Any minion can put any tag and data on the master's bus, so triage trusts nothin
   a pattern), and the minion re-audits before fixing anything;
 * one remediation per finding (minion, rule, volume, device) per cooldown, however many events
   arrive; a manual finding is alerted at each occurrence; never two actions for one occurrence
-  of a finding (triage's store, ``hana_storage_store``: files under
+  of a finding (triage's store, ``core.store``: files under
   the master's cachedir, or Redis shared by hot masters; it holds across the reactor's threads,
   module reloads and master restarts);
 * what an action decided is never lost with its master: the alert or remediation event goes
@@ -39,7 +39,7 @@ Salt reserves no tag prefix for the master: a minion can put ``hana/storage/aler
 (``event.send`` with a ``preload``). So every event triage fires (``hana/storage/alert``,
 ``hana/storage/remediation``, ``hana/storage/rejected``, ``hana/storage/triaged``) carries
 ``ts`` and ``sig``, the master's
-signature over ``hana_storage_events.master_signed_bytes`` made with ``<pki_dir>/master.pem``;
+signature over ``core.events.master_signed_bytes`` made with ``<pki_dir>/master.pem``;
 ``verify_master`` checks one with ``<pki_dir>/master.pub`` (the exporter engine does, for every
 event it counts), and so should any other consumer: ``salt-run hana_storage.verify_master``.
 
@@ -333,9 +333,7 @@ def _store():
     settings = dict(config.get("store") or {})
     if isinstance(settings.get("url"), str) and settings["url"].startswith("sdb://"):
         settings["url"] = salt.utils.sdb.sdb_get(settings["url"], __opts__)
-    # the cluster's key and prefix made here, not in a callback: a runner function called from a
-    # utils function runs in the utils loader's context, which has no __utils__ (the engine's
-    # redeliver failed so)
+    # the cluster's key and prefix made here, in the runner, where __opts__ names the pki_dir
     cluster = _cluster() if settings.get("driver") == "redis" else None
     return core.store.open_store(
         settings, __opts__["cachedir"], redeliver=float(config["lease"]), cluster=cluster
@@ -502,8 +500,8 @@ def _renewing(minion, held):
     (a remediation waits for the minion for longer than a lease), so another master takes
     the occurrences over only when this one stops renewing them: it died."""
     # The thread is handed the store and the owner, not the loader's dunders: Salt keeps those
-    # in contextvars, and in the triage engine's threads even a copied context left __utils__
-    # None there (every renewal failed, in the VM tier's master logs).
+    # in contextvars, and in the triage engine's threads even a copied context left them None
+    # there (every renewal failed, in the VM tier's master logs).
     lease, renew = float(_config()["lease"]), core.store.renew
     store, owner = _store(), _owner()
     stop = threading.Event()

@@ -962,8 +962,8 @@ CRYPTTAB, FSTAB = "/etc/crypttab", "/etc/fstab"
 
 
 def _set_tab_entry(path, kind, key, line):
-    """Give ``path`` the entry ``line`` for ``key`` (hana_storage_tab.set_entry), replacing the file
-    whole (hana_storage_files.replace_file): "present", "new" or "change". Nothing is written
+    """Give ``path`` the entry ``line`` for ``key`` (core.tab.set_entry), replacing the file
+    whole (core.files.replace_file): "present", "new" or "change". Nothing is written
     with test=True or when the entry is there."""
     try:
         with open(path, encoding="utf-8") as handle:

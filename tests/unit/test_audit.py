@@ -137,7 +137,7 @@ def compliant():
 
 
 def driver(name, module, priority):
-    """A crypto_drivers fact as the execution module gathers it (hana_storage_crypto.driver_of)."""
+    """A crypto_drivers fact as the execution module gathers it (core.crypto.driver_of)."""
     return {
         "algorithm": "xts(aes)",
         "driver": name,

@@ -1,6 +1,6 @@
 """crypttab and fstab are rewritten whole or not at all: the entry logic is pure
-(hana_storage_tab.set_entry), the write is one temporary file in the same directory, synced and
-renamed over the file (hana_storage_files.replace_file). A kill at any moment leaves the old
+(hana_storage_core.tab.set_entry), the write is one temporary file in the same directory, synced and
+renamed over the file (hana_storage_core.files.replace_file). A kill at any moment leaves the old
 file or the new one, never an empty or half-written one: a host without its crypttab does not
 boot."""
 
