@@ -363,7 +363,6 @@ def facts(plan, reuse_lvm=False):
     kernel name, for the beacon to map uevents). ``reuse_lvm``: the LVM report of an earlier
     call while no LV and no block device changed (see _lvm_segments); otherwise it is read."""
     devices, mounts = _device_tree()
-    stacks = {name: core.stack.describe(devices, name) for name in devices}
     headers = {}
     for device in devices.values():
         if device["kind"] == "crypt":
@@ -378,13 +377,12 @@ def facts(plan, reuse_lvm=False):
     superblocks = {}
     for name in tops - {None}:
         # a read through a suspended device would block until it is resumed
-        if any(devices[n]["suspended"] for n in stacks[name]["devices"]):
+        if any(devices[n]["suspended"] for n in core.stack.stack(devices, name)):
             superblocks[name] = {"error": "not read: a device of the stack is suspended"}
         else:
             superblocks[name] = _superblock_of(name)
     return {
         "devices": devices,
-        "stacks": stacks,
         "mounts": mounts,
         "headers": headers,
         "previous_keys": _previous_key_facts(plan, devices, headers),

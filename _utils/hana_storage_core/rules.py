@@ -1,14 +1,14 @@
 """Compliance rules with stable IDs: the normalised plan against facts about the host. Pure code.
 
 ``audit(plan, facts)`` -> {"compliant", "findings", "volumes"}. ``facts`` is gathered by the
-execution module: the device tree (hana_storage_stack.build_devices), mounts, LUKS header
-summaries and XFS superblocks by device name, LVM segments, crypttab, fstab and key file stats.
-``facts["stacks"]`` holds hana_storage_stack.describe() of every device (utils modules do not
-import each other: the Salt loader keeps each one's own copy fresh). A fact that could not be
-gathered is ``{"error": "..."}`` and the rule that needs it says so.
+execution module: the device tree (stack.build_devices), mounts, LUKS header summaries and XFS
+superblocks by device name, LVM segments, crypttab, fstab and key file stats. A fact that could
+not be gathered is ``{"error": "..."}`` and the rule that needs it says so.
 """
 
 from typing import NamedTuple
+
+from . import stack
 
 
 class Fix(NamedTuple):
@@ -394,7 +394,7 @@ class VolumeAudit:
 
     # ---- what the stack under the filesystem is -------------------------------------------
     def _stack_rules(self, top, mount, summary):
-        info = self.facts["stacks"][top]
+        info = stack.describe(self.devices, top)
         summary.update(
             layer=info["layer"],
             crypt=[self.devices[c]["dm_name"] for c in info["crypts"]],

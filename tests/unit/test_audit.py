@@ -83,7 +83,6 @@ def recorded_facts(sysfs=None):
     )
     return {
         "devices": devices,
-        "stacks": {name: stack.describe(devices, name) for name in devices},
         "mounts": mounts,
         "headers": {
             "dm-0": header("hdr-lv_a.bin"),
@@ -232,7 +231,6 @@ def on_one_path_of_a_lun(facts):
     devices["sdz"] = dict(
         copy.deepcopy(devices["vda"]), name="sdz", dev="65:144", path="/dev/sdz", holders=[]
     )
-    facts["stacks"] = {name: stack.describe(devices, name) for name in devices}
 
 
 BREAKS = {
