@@ -57,7 +57,6 @@ its data, so the master can tell which minion really sent it (Salt lets any mini
         - disable_during_state_run: true
 """
 
-import base64
 import contextlib
 import contextvars
 import errno
@@ -73,12 +72,9 @@ import sys
 import threading
 import time
 
-import salt.crypt
 import salt.loader
 import salt.utils.beacons
 import salt.utils.platform
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric import padding
 
 try:
     from pyroute2 import UeventSocket
@@ -287,19 +283,12 @@ def _state():
 
 
 def _sign(state, tag, data):
-    """The minion's signature over (id, tag, data); None when the minion has no key (masterless).
-
-    PKCS#1 v1.5 with SHA-224, what the master's ``salt.crypt.verify_signature(...,
-    algorithm=PKCS1v15_SHA224)`` checks. The key comes from ``salt.crypt.get_rsa_key``, which
-    Salt 3006.9+, 3007 and 3008 all have and which keeps it loaded until the file changes
-    (``PrivateKey.from_file`` is 3008 only).
-    """
+    """The minion's signature over (id, tag, data) with ``minion.pem`` (core.signing); None when
+    the minion has no key (masterless)."""
     path = os.path.join(__opts__["pki_dir"], "minion.pem")
     if not os.path.exists(path):
         return None
-    key = salt.crypt.get_rsa_key(path, None)
-    message = core.events.signed_bytes(__opts__["id"], tag, data)
-    return base64.b64encode(key.sign(message, padding.PKCS1v15(), hashes.SHA224())).decode()
+    return core.signing.sign(path, core.events.signed_bytes(__opts__["id"], tag, data))
 
 
 def _emit(state, events):

@@ -52,7 +52,6 @@ Master configuration (``conf/master.d/hana-storage.conf``)::
       max_event_bytes: 262144  # and the other limits of DEFAULTS: what one minion may cost triage
 """
 
-import base64
 import contextlib
 import json
 import logging
@@ -63,12 +62,10 @@ import uuid
 
 import hana_storage_core as core  # the loader puts its utils directories on sys.path while loading this
 import salt.client
-import salt.crypt
 import salt.utils.event
 import salt.utils.sdb
 import salt.utils.verify
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import padding
+from cryptography.hazmat.primitives import serialization
 
 core = core.fresh()  # after a saltutil.sync, the files it brought, not those this process imported first
 
@@ -95,7 +92,6 @@ ALERT_TAG = "hana/storage/alert"
 REMEDIATION_TAG = "hana/storage/remediation"
 REJECTED_TAG = "hana/storage/rejected"
 TRIAGED_TAG = "hana/storage/triaged"
-SIGNING = salt.crypt.PKCS1v15_SHA224
 FACTS = ("rule", "volume", "mountpoint", "device", "message")  # what alerts and remediations name
 FIRE_ATTEMPTS = 5
 # What triage reports of a remediation, per rule: "fixed" (verified by the minion's re-audit) and
@@ -168,22 +164,17 @@ def _send(tag, data):
 
 
 def _master_signature(tag, data):
-    """The master's signature (base64) over an event it fires: the one place master events are signed.
-
-    The key is ``<pki_dir>/master.pem``, read through ``salt.crypt.get_rsa_key``, which keeps it
-    loaded until the file changes (Salt 3006.9+, 3007 and 3008 alike). ``salt.crypt.sign_message``
-    loads and checks the key again for every message: 95 ms with a 2048-bit key and 450 ms with
-    a 4096-bit one on the test machine, per event, in the reactor's threads. The padding and hash
-    are PKCS1v15_SHA224: what ``salt.crypt.verify_signature(..., algorithm=SIGNING)`` checks.
-    """
-    message = core.events.master_signed_bytes(tag, data)
-    return base64.b64encode(_master_key().sign(message, padding.PKCS1v15(), hashes.SHA224())).decode()
+    """The master's signature (base64) over an event it fires: the one place master events are
+    signed, with ``<pki_dir>/master.pem`` (core.signing)."""
+    passphrase = salt.utils.sdb.sdb_get(__opts__.get("key_pass"), __opts__)
+    pem = os.path.join(__opts__["pki_dir"], "master.pem")
+    return core.signing.sign(pem, core.events.master_signed_bytes(tag, data), passphrase)
 
 
 def _master_key():
     """The master's private key, ``<pki_dir>/master.pem`` (kept loaded by Salt until it changes)."""
     passphrase = salt.utils.sdb.sdb_get(__opts__.get("key_pass"), __opts__)
-    return salt.crypt.get_rsa_key(os.path.join(__opts__["pki_dir"], "master.pem"), passphrase)
+    return core.signing.private_key(os.path.join(__opts__["pki_dir"], "master.pem"), passphrase)
 
 
 def _cluster():
@@ -223,12 +214,7 @@ def verify_master(tag, data):
     if not isinstance(signature, str) or not signature:
         return {"code": "forged_master_event", "reason": "unsigned: the master signs every event it fires"}
     message = core.events.master_signed_bytes(tag, data)
-    pub = os.path.join(__opts__["pki_dir"], "master.pub")
-    try:
-        good = salt.crypt.verify_signature(pub, message, base64.b64decode(signature), algorithm=SIGNING)
-    except Exception:  # noqa: BLE001 - a malformed signature is a forgery like any other
-        good = False
-    if not good:
+    if not core.signing.verifies(os.path.join(__opts__["pki_dir"], "master.pub"), message, signature):
         return {
             "code": "forged_master_event",
             "reason": "the signature does not verify with the master's key",
@@ -309,11 +295,7 @@ def _signature_problem(minion, event, data):
             return {"code": "unsigned", "reason": "unsigned event"}
         return None
     message = core.events.signed_bytes(minion, event, data)
-    try:
-        good = salt.crypt.verify_signature(pub, message, base64.b64decode(signature), algorithm=SIGNING)
-    except Exception:  # noqa: BLE001 - a malformed signature is a forgery like any other
-        good = False
-    if not good:
+    if not core.signing.verifies(pub, message, signature):
         return {"code": "bad_signature", "reason": f"the signature does not verify with {minion!r}'s key"}
     ts = data.get("ts")
     age = time.time() - (ts if isinstance(ts, int | float) and not isinstance(ts, bool) else 0)

@@ -34,6 +34,7 @@ from . import (  # noqa: F401 - the package's modules, as core.<module> for its 
     report,
     rules,
     safety,
+    signing,
     stack,
     store,
     tab,
