@@ -64,7 +64,6 @@ import fcntl
 import json
 import logging
 import os
-import secrets
 import select
 import socket
 import stat
@@ -451,25 +450,9 @@ def _record(raw):
 
 
 def _write_memory(directory, content):
-    """Replace the memory file atomically: a new 0600 file in the same directory, renamed over it."""
+    """Replace the memory file whole (0600, core.files) in the directory held open as ``directory``."""
     text = json.dumps(content, sort_keys=True, separators=(",", ":"), default=str).encode()
-    temporary = f".{MEMORY_FILE}.{os.getpid()}.{secrets.token_hex(4)}"
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    descriptor = os.open(temporary, flags, 0o600, dir_fd=directory)
-    try:
-        try:
-            view = memoryview(text)
-            while view:
-                view = view[os.write(descriptor, view) :]
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
-        os.rename(temporary, MEMORY_FILE, src_dir_fd=directory, dst_dir_fd=directory)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary, dir_fd=directory)
-        raise
-    os.fsync(directory)
+    core.files.replace_file(MEMORY_FILE, text, mode=0o600, dir_fd=directory)
 
 
 def _memory_failed(state, error):

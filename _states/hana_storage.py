@@ -173,15 +173,7 @@ def key_present(name, source, pillar_path=None):
         return _would(ret, f"would {where}write the key from pillar {pillar_path} to {name} (0400 root)")
     if not on_ramfs and not _mount_key_ramfs(ret, directory, name):
         return ret
-    temporary = f"{name}.new"
-    if os.path.lexists(temporary):
-        os.unlink(temporary)
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o400)
-    try:
-        os.write(fd, key)
-    finally:
-        os.close(fd)
-    os.rename(temporary, name)
+    core.files.replace_file(name, key, mode=0o400)
     ret["changes"]["key_file"] = f"written ({len(key)} bytes, mode 0400, {KEY_FSTYPE})"
     return _done(ret, f"wrote the key from pillar {pillar_path} to {name}")
 
@@ -751,14 +743,7 @@ def _back_up_header(device, backup, key_file, previous_key_file=None, tang=None)
         if os.path.lexists(new):
             os.unlink(new)
         return False, why
-    os.chown(new, 0, 0)
-    os.chmod(new, 0o400)
-    os.replace(new, backup)
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    core.files.install(new, backup, 0o400)
     return True, f"backed up the LUKS header of {device} to {backup}"
 
 
@@ -972,7 +957,7 @@ def _set_tab_entry(path, kind, key, line):
         text = ""
     text, status = core.tab.set_entry(text, kind, key, line)
     if status != "present" and not __opts__["test"]:
-        core.files.replace_file(path, text.encode("utf-8"), mode=0o644)
+        core.files.replace_file(path, text.encode("utf-8"))
     return status
 
 

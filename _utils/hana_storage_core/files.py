@@ -14,22 +14,38 @@ import stat
 TEMPORARY = ".{name}.hana-storage.new"  # beside the file; a killed write's is removed by the next
 
 
-def replace_file(path, data, mode=0o644, uid=0, gid=0):
-    """Replace ``path`` with ``data`` (bytes) atomically. An existing file keeps its mode and
-    owner; a new one gets ``mode``, ``uid`` and ``gid``. A symlink at ``path`` is refused (OSError):
-    whoever may replace a link chooses the file written."""
-    directory, name = os.path.split(os.path.abspath(path))
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        info = None
-    if info is not None and not stat.S_ISREG(info.st_mode):
-        raise OSError(f"{path} is not a regular file: not replacing it")
-    if info is not None:
-        mode, uid, gid = stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid
-    folder = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+def replace_file(path, data, mode=None, mtime=None, dir_fd=None):
+    """Replace ``path`` with ``data`` (bytes) whole: a temporary beside it, written, synced,
+    renamed over it, the directory synced.
+
+    mode
+        The new file's permission bits (0400 for a key), owned by this process's user; None keeps
+        an existing file's mode and owner (a new one gets 0644).
+    mtime
+        The new file's modification time (the triage outbox keeps an event's due time there).
+    dir_fd
+        A descriptor of the directory: ``path`` is then a name in it (the beacon holds its
+        memory's directory open, so a link swapped in above it changes nothing).
+
+    A symlink at ``path`` is replaced by the file, never written through (whoever may replace a
+    link would choose the file written); a directory or a device there is refused (OSError).
+    """
+    own = dir_fd is None
+    if own:
+        directory, name = os.path.split(os.path.abspath(path))
+        folder = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    else:
+        folder, name = dir_fd, path
     temporary = TEMPORARY.format(name=name)
     try:
+        try:
+            info = os.lstat(name, dir_fd=folder)
+        except FileNotFoundError:
+            info = None
+        if info is not None and not (stat.S_ISREG(info.st_mode) or stat.S_ISLNK(info.st_mode)):
+            raise OSError(f"{path} is not a regular file: not replacing it")
+        if info is not None and stat.S_ISLNK(info.st_mode):
+            info = None  # the link itself is replaced: what it points to is never written
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary, dir_fd=folder)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -38,8 +54,15 @@ def replace_file(path, data, mode=0o644, uid=0, gid=0):
             view = memoryview(data)
             while view:
                 view = view[os.write(descriptor, view) :]
-            os.fchown(descriptor, uid, gid)
-            os.fchmod(descriptor, mode)
+            if mode is not None:
+                os.fchmod(descriptor, mode)
+            elif info is not None:
+                os.fchown(descriptor, info.st_uid, info.st_gid)
+                os.fchmod(descriptor, stat.S_IMODE(info.st_mode))
+            else:
+                os.fchmod(descriptor, 0o644)
+            if mtime is not None:
+                os.utime(descriptor, (mtime, mtime))
             os.fsync(descriptor)
         finally:
             os.close(descriptor)
@@ -49,6 +72,24 @@ def replace_file(path, data, mode=0o644, uid=0, gid=0):
         with contextlib.suppress(OSError):
             os.unlink(temporary, dir_fd=folder)
         raise
+    finally:
+        if own:
+            os.close(folder)
+
+
+def install(source, path, mode):
+    """Put the file ``source`` (made beside ``path`` by a tool, e.g. luksHeaderBackup) in the
+    place of ``path``: its mode set, synced, renamed over it, the directory synced."""
+    descriptor = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fchmod(descriptor, mode)
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+    os.replace(source, path)
+    folder = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(folder)
     finally:
         os.close(folder)
 

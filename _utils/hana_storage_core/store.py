@@ -60,6 +60,8 @@ import os
 import threading
 import time
 
+from . import files
+
 try:
     import redis
 except ImportError:  # only the redis driver needs it (requirements/master.in)
@@ -289,11 +291,8 @@ class LocalStore:
         path = os.path.join(self.outbox, _event_file(event["event_id"]))
         try:
             os.makedirs(self.outbox, mode=0o700, exist_ok=True)
-            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-            with open(os.open(f"{path}.new", flags, 0o600), "w", encoding="utf-8") as out:
-                out.write(json.dumps(event, sort_keys=True, default=str))
-            os.utime(f"{path}.new", (due, due))
-            os.replace(f"{path}.new", path)  # whole or not at all
+            data = json.dumps(event, sort_keys=True, default=str).encode()
+            files.replace_file(path, data, mode=0o600, mtime=due)  # whole or not at all
         except OSError as error:
             raise StoreError(f"the local store's outbox at {self.outbox}: {error}") from None
 

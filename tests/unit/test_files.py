@@ -85,14 +85,16 @@ def test_replace_file_keeps_mode_and_owner_and_leaves_no_temporary(tmp_path):
     assert stat.S_IMODE(fresh.stat().st_mode) == 0o644
 
 
-def test_replace_file_refuses_a_symlink(tmp_path):
+def test_replace_file_replaces_a_symlink_and_never_writes_through_it(tmp_path):
     target = tmp_path / "elsewhere"
     target.write_text("keep\n")
     link = tmp_path / "crypttab"
     link.symlink_to(target)
+    files.replace_file(str(link), b"new\n")
+    assert target.read_text() == "keep\n" and not link.is_symlink() and link.read_text() == "new\n"
+    (tmp_path / "dir").mkdir()
     with pytest.raises(OSError):
-        files.replace_file(str(link), b"new\n")
-    assert target.read_text() == "keep\n" and link.is_symlink()
+        files.replace_file(str(tmp_path / "dir"), b"x")
 
 
 WRITER = textwrap.dedent(
