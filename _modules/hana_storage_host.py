@@ -774,6 +774,26 @@ def format_marker(uuid):
     return os.path.join(__opts__["cachedir"], FORMAT_MARKS, uuid)
 
 
+def key_opens(path, key_file):
+    """
+    Whether the key in ``key_file`` opens the LUKS header at ``path`` (a device or a header
+    backup file), tried once on a copy of the header in memory (one KDF run, at most one per
+    keyslot): ``{"opens": True|False|None, "error": str|None}``; None when the test itself failed.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' hana_storage_host.key_opens /var/lib/hana-storage/luks-headers/hana_data.luks-header /etc/hana-storage/keys/hana.key
+    """
+    try:
+        header = luks_header(path)
+    except CommandExecutionError as error:
+        return {"opens": None, "error": f"no readable LUKS header: {error}"}
+    opens, error = _key_test(os.path.realpath(path), header, key_file)
+    return {"opens": opens, "error": error}
+
+
 def key_slots(device, key_file):
     """
     Which keyslots of the LUKS device ``device`` the key in ``key_file`` opens, each tried on an

@@ -763,20 +763,24 @@ def _make_proven_backup(device, new, key_file, previous_key_file, tang):
     live = __salt__["hana_storage_host.luks_header"](device)
     if made.get("error") or (made["uuid"], made["fingerprint"]) != (live["uuid"], live.get("fingerprint")):
         return False, f"the header of {device} changed while it was backed up: run again"
-    opens = __salt__["hana_storage_host.key_slots"](new, key_file)
-    if not opens["keyslots"]:
+    opens = __salt__["hana_storage_host.key_opens"](new, key_file)
+    if not opens["opens"]:
         return False, (
             f"the volume's key {key_file} does not open the header of {device} "
             f"({opens['error'] or 'no keyslot takes it'}): not making a backup of it; the old one stays"
         )
-    accounted = {str(slot) for slot in opens["keyslots"]} | core.rules.pillar_clevis_keyslots(live, tang)
-    if previous_key_file and os.path.exists(previous_key_file):
-        accounted |= {
-            str(s) for s in __salt__["hana_storage_host.key_slots"](new, previous_key_file)["keyslots"]
-        }
-    unaccounted = [
-        k["id"] for k in live["keyslots"] if k.get("kdf") is not None and str(k["id"]) not in accounted
+    # every passphrase keyslot must be accounted for: the pillar's Clevis bindings' and the key's;
+    # while one keyslot is left beside the bindings it is the key's, proven above (one KDF run),
+    # otherwise each is tried with the key and the previous key
+    clevis = core.rules.pillar_clevis_keyslots(live, tang)
+    others = [
+        str(k["id"]) for k in live["keyslots"] if k.get("kdf") is not None and str(k["id"]) not in clevis
     ]
+    accounted = set(clevis) | (set(others) if len(others) == 1 else set())
+    if len(others) > 1:
+        for key in [k for k in (key_file, previous_key_file) if k and os.path.exists(k)]:
+            accounted |= {str(s) for s in __salt__["hana_storage_host.key_slots"](new, key)["keyslots"]}
+    unaccounted = [k for k in others if k not in accounted]
     if unaccounted:
         return False, (
             f"keyslots {', '.join(map(str, unaccounted))} of {device} open it and no key of the pillar "

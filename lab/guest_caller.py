@@ -96,7 +96,7 @@ def main(config_dir, spool):
     with open(os.path.join(spool, "ready.tmp"), "w") as handle:
         handle.write(str(os.getpid()))
     os.rename(os.path.join(spool, "ready.tmp"), os.path.join(spool, "ready"))
-    n, state, children = 0, {}, []
+    n, state, children = 0, {"stamp": inputs_stamp(caller.opts)}, []  # loaded just now
     while True:
         request = os.path.join(spool, f"req.{n}.json")
         if not os.path.exists(request):

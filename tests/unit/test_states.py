@@ -1464,6 +1464,7 @@ def real_headers(salt_functions):
     salt_functions["hana_storage_host.luks_header"] = MagicMock(side_effect=host.luks_header)
     salt_functions["hana_storage_host.header_backup"] = MagicMock(side_effect=host.header_backup)
     salt_functions["hana_storage_host.key_slots"] = MagicMock(side_effect=host.key_slots)
+    salt_functions["hana_storage_host.key_opens"] = MagicMock(side_effect=host.key_opens)
     salt_functions["cmd.run_all"].side_effect = run_cryptsetup
     return host
 
