@@ -26,6 +26,28 @@ import salt.config
 import salt.minion
 import salt.utils.args
 
+COMMANDS_LOG = "/run/salt/commands.tsv"  # each command a call ran, and its seconds (Lab copies it out)
+
+
+def time_commands():
+    """Log every command Salt runs (cmd.run_all and the rest go through cmdmod._run) with its
+    wall time: under emulation a process costs a second or more, and this says which ones a
+    module's time goes to. Only the program's name is written, never its arguments."""
+    import salt.modules.cmdmod as cmdmod
+
+    run = cmdmod._run
+
+    def timed(cmd, *args, **kwargs):
+        started = time.monotonic()
+        try:
+            return run(cmd, *args, **kwargs)
+        finally:
+            name = (cmd[0] if isinstance(cmd, list | tuple) else str(cmd).split()[0]) if cmd else "?"
+            with open(COMMANDS_LOG, "a") as log:
+                log.write(f"{os.path.basename(str(name))}\t{time.monotonic() - started:.3f}\n")
+
+    cmdmod._run = timed
+
 
 def inputs_stamp(opts):
     """Newest mtime of what a reload would read again: pillar files and the formula's modules."""
@@ -92,6 +114,7 @@ def main(config_dir, spool):
     opts["log_level"] = "warning"
     salt._logging.set_logging_options_dict(opts)
     salt._logging.setup_logging()
+    time_commands()
     caller = salt.client.Caller(mopts=opts)
     with open(os.path.join(spool, "ready.tmp"), "w") as handle:
         handle.write(str(os.getpid()))

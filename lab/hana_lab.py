@@ -330,6 +330,7 @@ class Lab:
     def stop(self):
         if not self.proc:
             return
+        self._command_times()
         self.stop_salt()
         (self.shared / "quit").touch()
         try:
@@ -389,6 +390,22 @@ class Lab:
                 f"step {n} failed with rc {result.rc}: {script.splitlines()[0][:80]}\n{result.output[-2000:]}"
             )
         return result
+
+    def _command_times(self):
+        """The guest's command log (lab/guest_caller.py), summed per program into steps.tsv."""
+        if not (self.shared / "salt").is_dir():
+            return
+        try:
+            text = self.run("cat /run/salt/commands.tsv 2>/dev/null", echo=False, timeout=60).output
+        except LabError:
+            return
+        totals = {}
+        for line in text.splitlines():
+            name, _, seconds = line.partition("\t")
+            count, spent = totals.get(name, (0, 0.0))
+            totals[name] = (count + 1, spent + float(seconds or 0))
+        for name, (count, spent) in sorted(totals.items(), key=lambda item: -item[1][1]):
+            self._record("commands", f"{name} x{count}", spent)
 
     def _record(self, kind, what, seconds):
         """One line per step in <workdir>/steps.tsv: where a module's time goes."""
