@@ -510,16 +510,21 @@ class Lab:
         """Replace the guest minion's pillar (hana.sls); the next call compiles it afresh."""
         self.write("/run/salt/pillar/hana.sls", pillar_yaml, mode=0o600)
 
-    def salt(self, args, check=False, title=None, timeout=1800, detach=False):
+    def salt(self, args, check=False, title=None, timeout=1800, detach=False, profile=None):
         """Run one `salt-call` equivalent through the guest's Salt server; returns SaltResult.
 
         detach: run it in a forked child of the server, in its own process group, and return at
         once with ``ret == {"pid": N}`` (for tests that kill an apply mid-way).
+        profile: a path the call's cProfile statistics are written to (under the lab directory,
+        which the guest can write).
         """
         spool = self.shared / "salt"
         n = self._salt_step
         self._salt_step += 1
-        (spool / f"req.{n}.tmp").write_text(json.dumps({"args": args, "detach": detach}))
+        request = {"args": args, "detach": detach}
+        if profile:  # cProfile's statistics of the call, written to this host path (pstats)
+            request["profile"] = str(profile)
+        (spool / f"req.{n}.tmp").write_text(json.dumps(request))
         (spool / f"req.{n}.tmp").rename(spool / f"req.{n}.json")
         say(title or f"salt-call {args}")
         reply, started = spool / f"ret.{n}.json", time.monotonic()
