@@ -73,6 +73,7 @@ lint:
 	.venv/bin/ruff format -q --check .
 	.venv/bin/vermin -q --no-tips --violations --target=3.10- --eval-annotations _modules _states _beacons _runners _engines _utils
 	.venv/bin/salt-lint salt/hana/storage/*.sls  # reactor/*.sls is #!py: ruff
+	.venv/bin/python tools/import-graph --check  # layers without cycles: loader modules -> hana_storage_core
 
 clean:
 	rm -rf build .pytest_cache .ruff_cache .hypothesis
