@@ -515,15 +515,14 @@ class Lab:
 
         detach: run it in a forked child of the server, in its own process group, and return at
         once with ``ret == {"pid": N}`` (for tests that kill an apply mid-way).
-        profile: a path the call's cProfile statistics are written to (under the lab directory,
-        which the guest can write).
+        profile: a host path the call's cProfile statistics (pstats) are moved to.
         """
         spool = self.shared / "salt"
         n = self._salt_step
         self._salt_step += 1
         request = {"args": args, "detach": detach}
-        if profile:  # cProfile's statistics of the call, written to this host path (pstats)
-            request["profile"] = str(profile)
+        if profile:  # cProfile's statistics of the call: the guest writes to the shared directory
+            request["profile"] = str(spool / f"profile.{n}.pstats")
         (spool / f"req.{n}.tmp").write_text(json.dumps(request))
         (spool / f"req.{n}.tmp").rename(spool / f"req.{n}.json")
         say(title or f"salt-call {args}")
@@ -535,6 +534,8 @@ class Lab:
                 raise LabError(f"salt-call {args} took more than {timeout}s; read /run/salt/minion.log")
             time.sleep(0.1)
         data = json.loads(reply.read_text())
+        if profile and (spool / f"profile.{n}.pstats").exists():
+            shutil.move(spool / f"profile.{n}.pstats", profile)
         result = SaltResult(args, data["local"], data["retcode"], data["seconds"])
         self._record("salt", args[:100], time.monotonic() - started)
         if check and result.retcode:
