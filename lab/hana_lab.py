@@ -225,6 +225,7 @@ class Lab:
             )
         kernel = find_kernel()
         self._lock = _lab_slot()
+        self._kill_stale_vm()
         self._make_disks()
         if self.fresh:
             (self.workdir / "steps.tsv").unlink(missing_ok=True)
@@ -288,6 +289,7 @@ class Lab:
             start_new_session=True,
         )
         self._log = log
+        (self.workdir / "vm.pid").write_text(str(self.proc.pid))  # its process group
         started = time.monotonic()
         while not (self.shared / "ready").exists():
             if self.proc.poll() is not None:
@@ -327,6 +329,21 @@ class Lab:
         if not result.ok:
             raise LabError(f"the guest got no DHCP lease from QEMU user networking:\n{result.output[-1500:]}")
 
+    def _kill_stale_vm(self):
+        """A VM a killed test run left behind on this lab directory (the host's vng runs in a
+        session of its own, so it outlives the process that started it): killed, with its QEMU."""
+        pidfile = self.workdir / "vm.pid"
+        try:
+            pgid = int(pidfile.read_text())
+            with open(f"/proc/{pgid}/cmdline", "rb") as handle:  # the same VM, not a pid reused since
+                ours = str(self.shared).encode() in handle.read()
+            if ours:
+                os.killpg(pgid, 9)
+                say(f"killed a VM left behind by an earlier run on {self.workdir} (process group {pgid})")
+        except (OSError, ValueError):
+            pass
+        pidfile.unlink(missing_ok=True)
+
     def stop(self):
         if not self.proc:
             return
@@ -340,6 +357,7 @@ class Lab:
             self.proc.wait()
         self._log.close()
         self.proc = None
+        (self.workdir / "vm.pid").unlink(missing_ok=True)
         self._lock.close()
 
     def __enter__(self):
