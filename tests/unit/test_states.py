@@ -3,6 +3,7 @@
 apply branches that otherwise run only in the VM tier."""
 
 import base64
+import contextlib
 import importlib.util
 import json
 import os
@@ -1938,3 +1939,71 @@ def test_pv_safe_closes_a_device_this_run_opened_only_to_look_inside(salt_functi
         "Nothing was written to any device; /dev/mapper/hana_data_0, opened by this run to look inside, "
         "was closed again."
     )
+
+
+# ---- outside review (attack branch): each test below fails until its hole is fixed ----------------
+
+
+CHEAP_LUKS = {"type": "luks2", "cipher": "aes-xts-plain64", "key_size": 512, "sector_size": 512,
+              "pbkdf": {"type": "pbkdf2", "force_iterations": 1000}}  # fmt: skip
+
+
+def real_probe(host, marks):
+    """hana_storage_host.probe of an image file, as the module makes it for a closed LUKS block
+    device: the real header, the format mark looked up by its UUID, the key tried on a copy."""
+
+    def probe_images(devices, key_file=None):
+        keys = [key_file] if isinstance(key_file, str) else list(key_file or [])
+        result = {}
+        for device in devices:
+            try:
+                header = host.luks_header(device)
+            except CommandExecutionError:  # blank: no signature, the sampled areas zero
+                result[device] = probe(device)
+                continue
+            luks = {"version": header["version"], "uuid": header["uuid"], "keyslots": len(header["keyslots"])}
+            if luks["keyslots"] == 0:
+                luks["format_began"] = (marks / header["uuid"]).exists()
+            opens, error = (None, None)
+            if keys and luks["keyslots"]:
+                opens, error = host._keys_test(device, header, keys)
+            result[device] = probe(device, signatures=[{"type": "crypto_LUKS", "usage": "crypto"}],
+                                   luks=luks, key_opens=opens, key_error=error)  # fmt: skip
+        return result
+
+    return probe_images
+
+
+def test_a_format_mark_left_by_a_completed_luksformat_never_licenses_reformatting_an_erased_header(
+    real_headers, salt_functions, marks, keyfile, tmp_path
+):
+    """Data loss. luks_formatted leaves its mark when the job dies after cryptsetup luksFormat
+    returned (or while it runs: cryptsetup, a child, finishes the format and its keyslot after the
+    job process was killed), and no later run removes a mark whose header has its keyslot. Once
+    that header loses its keyslots (luksErase, the damage the README says is refused even
+    without a backup), the guard takes it for the formula's own unfinished format and formats it
+    again - no allow_format, and header_backed_up (formatted_by) then replaces the only backup."""
+    image = tmp_path / "lv.img"
+    image.write_bytes(b"")
+    os.truncate(image, 24 << 20)
+    salt_functions["hana_storage_host.probe"] = MagicMock(side_effect=real_probe(real_headers, marks))
+
+    def killed_after_luksformat(argv, **kwargs):
+        done = run_cryptsetup(argv, **kwargs)
+        if argv[1] == "luksFormat":
+            raise KeyboardInterrupt("the job process is killed; cryptsetup had finished")
+        return done
+
+    salt_functions["cmd.run_all"].side_effect = killed_after_luksformat
+    with pytest.raises(KeyboardInterrupt):
+        states.luks_formatted(str(image), str(keyfile), CHEAP_LUKS, "hana_data")
+    uuid = real_headers.luks_header(str(image))["uuid"]
+    assert len(real_headers.luks_header(str(image))["keyslots"]) == 1  # a finished format
+    salt_functions["cmd.run_all"].side_effect = run_cryptsetup
+    again = states.luks_formatted(str(image), str(keyfile), CHEAP_LUKS, "hana_data")
+    assert again["result"] is True and again["changes"] == {}, again  # the volume's own LUKS, used
+    cryptsetup_run("luksErase", str(image))  # later: a stray luksErase (a header backup restores it)
+    ret = states.luks_formatted(str(image), str(keyfile), CHEAP_LUKS, "hana_data")
+    assert real_headers.luks_header(str(image))["uuid"] == uuid, "the erased header was formatted over"
+    assert ret["result"] is False and ret["changes"] == {}, ret
+
