@@ -2007,3 +2007,21 @@ def test_a_format_mark_left_by_a_completed_luksformat_never_licenses_reformattin
     assert real_headers.luks_header(str(image))["uuid"] == uuid, "the erased header was formatted over"
     assert ret["result"] is False and ret["changes"] == {}, ret
 
+
+def test_a_keyslot_converted_in_place_is_not_a_lost_keyslot(real_headers, make_luks, keyfile, tmp_path):
+    """Wrong result. HANA-ENC-006's own advice (cryptsetup luksConvertKey --pbkdf argon2id)
+    rewrites keyslot 0 in place: same id, same key, a new salt. The backup's keyslot 0 is then
+    "gone from the header": HANA-KEY-007 (critical, "restore from the backup" - which would undo
+    the stronger KDF), and header_backed_up refuses to refresh the backup for good, although the
+    key opens the live header and nothing was lost."""
+    image, backup = make_luks(kdf="pbkdf2"), tmp_path / "hana_data.luks-header"
+    assert states.header_backed_up(str(image), str(backup), str(keyfile))["result"] is True
+    cryptsetup_run("luksConvertKey", "--pbkdf", "argon2id", "--pbkdf-memory", "8192",
+                   "--pbkdf-force-iterations", "4", "--pbkdf-parallel", "1", "--key-file", str(keyfile),
+                   str(image))  # fmt: skip
+    problem = backup_state(real_headers, backup, image)
+    assert problem is None or problem["rule"] != "HANA-KEY-007", problem
+    ret = states.header_backed_up(str(image), str(backup), str(keyfile))
+    assert ret["result"] is True, ret
+    assert backup_state(real_headers, backup, image) is None
+
