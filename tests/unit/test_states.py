@@ -2025,3 +2025,29 @@ def test_a_keyslot_converted_in_place_is_not_a_lost_keyslot(real_headers, make_l
     assert ret["result"] is True, ret
     assert backup_state(real_headers, backup, image) is None
 
+
+def test_the_header_copy_in_memory_is_bounded_by_the_header_not_the_data_offset(
+    real_headers, keyfile, tmp_path, monkeypatch
+):
+    """Robustness. _make_proven_backup copies data_offset bytes of the device into a memfd: for a
+    LUKS2 device with a large --offset (valid; the header itself is 16 MiB) that is the whole
+    data offset in RAM on every apply and KEY-006 remediation (512 MiB here, any size a header
+    names up to the device's), where _key_test caps the same copy at KEY_TEST_MAX_HEADER. The
+    backup can never be proven then either (the key test refuses that offset)."""
+    image = tmp_path / "offset.img"
+    image.write_bytes(b"")
+    os.truncate(image, 1 << 30)
+    cryptsetup_run("luksFormat", "--type", "luks2", "--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000",
+                   "--offset", str((512 << 20) // 512), "--key-file", str(keyfile), str(image))  # fmt: skip
+    asked = []
+
+    @contextlib.contextmanager
+    def memory_copy(path, size):
+        asked.append(size)
+        raise MemoryError(f"asked for {size} bytes")
+        yield  # pragma: no cover
+
+    monkeypatch.setattr(states.core.files, "memory_copy", memory_copy)
+    with contextlib.suppress(MemoryError):
+        states.header_backed_up(str(image), str(tmp_path / "b" / "hana_data.luks-header"), str(keyfile))
+    assert asked and max(asked) <= real_headers.KEY_TEST_MAX_HEADER, f"{max(asked) >> 20} MiB in memory"
