@@ -2051,3 +2051,21 @@ def test_the_header_copy_in_memory_is_bounded_by_the_header_not_the_data_offset(
     with contextlib.suppress(MemoryError):
         states.header_backed_up(str(image), str(tmp_path / "b" / "hana_data.luks-header"), str(keyfile))
     assert asked and max(asked) <= real_headers.KEY_TEST_MAX_HEADER, f"{max(asked) >> 20} MiB in memory"
+
+
+def test_mounted_replaces_an_fstab_entry_that_names_the_mountpoint_another_way(
+    salt_functions, unmounted, tabs
+):
+    """Wrong result (boot). An fstab entry for the mountpoint spelled with a trailing slash (or
+    '//', '/./') is another key to set_entry, so the formula's entry is appended beside it, and
+    the audit (HANA-PERSIST-002 compares the same strings) calls fstab compliant. systemd's
+    fstab-generator simplifies both paths to one mount unit and keeps the first entry: at boot
+    the stale device is mounted at the HANA mountpoint, or the boot waits for a device that is
+    gone and drops to the emergency shell."""
+    name = str(unmounted)
+    tabs.set(fstab=f"UUID=aa / ext4 defaults 0 1\n/dev/sdz1 {name}/ xfs defaults 0 0\n")
+    ret = states.mounted(name, FS, MOUNT_OPTIONS, FSTAB_OPTIONS)
+    assert ret["result"] is True, ret
+    entries = states.core.tab.parse_fstab(tabs.fstab.read_text())
+    for_mountpoint = [e for e in entries if os.path.normpath(e["file"]) == name]
+    assert [e["spec"] for e in for_mountpoint] == ["UUID=1234-abcd"], tabs.fstab.read_text()
