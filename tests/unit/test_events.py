@@ -1576,3 +1576,24 @@ def test_exporter_drops_the_series_of_volumes_and_minions_that_are_gone(exporter
         "hana_storage_last_audit_timestamp_seconds",
     ):
         assert {dict(k)["minion"] for k in series(registry, name)} == {"db1"}, name
+
+
+# ---- outside review (attack branch): each test below fails until its hole is fixed ----------------
+
+
+def test_a_minions_triage_record_stays_bounded_whatever_keys_its_events_name(runner, pki):
+    """Robustness (master DoS). Triage takes an event's ``key`` as it comes (any text, up to
+    max_event_bytes) and records each handled occurrence under it; ``handled`` is never pruned.
+    A minion (its own key, e.g. root on one host) that names a new key in every event, within
+    the rate limit, grows its record by the key's size per event; every later event of that
+    minion and rule reads, parses and writes the whole record under its lock (the local file,
+    or one Redis value per WATCH/MULTI round). 40 events of 100 KB keys: a 4 MB record here,
+    5 events/s of 256 KB keys make ~110 GB a day, a JSON document each triage rewrites."""
+    tag = "salt/beacon/db1/hana_storage/violation"
+    for n in range(40):
+        found = finding("HANA-ENC-001", "data", f"/dev/vd{n}")
+        data = {**beacon_events.violation_data(found, time.time()), "key": f"{n}|" + "k" * 100_000}
+        assert runner.triage(tag, signed(pki, "db1", data))["action"] == "alerted"
+    record = Path(runner.__opts__["cachedir"]) / "hana_storage" / "actions" / "db1@HANA-ENC-001"
+    assert record.stat().st_size <= runner.DEFAULTS["max_event_bytes"], f"{record.stat().st_size} bytes"
+
