@@ -1597,3 +1597,15 @@ def test_a_minions_triage_record_stays_bounded_whatever_keys_its_events_name(run
     record = Path(runner.__opts__["cachedir"]) / "hana_storage" / "actions" / "db1@HANA-ENC-001"
     assert record.stat().st_size <= runner.DEFAULTS["max_event_bytes"], f"{record.stat().st_size} bytes"
 
+
+def test_the_exporter_keeps_a_bounded_number_of_open_findings_per_minion(exporter):
+    """Robustness (master DoS). The exporter bounds the series a minion makes, not what it keeps:
+    each violation with a new ``key`` adds an entry to ``Metrics.open[minion]`` (never dropped but
+    by a resolved event or the next audit event), and every event of that minion then walks all of
+    them (``_refresh``). The exporter applies no event size or rate limit of its own."""
+    module, metrics, _registry = exporter
+    for n in range(3000):
+        data = events.finding_event("violation", finding("HANA-ENC-001"), "uevent", 1.0)
+        module.handle(metrics, "salt/beacon/db1/hana_storage/violation", {**data, "key": f"k{n}"})
+    assert len(metrics.open["db1"]) <= 1000, f"{len(metrics.open['db1'])} open findings kept for db1"
+
