@@ -1609,3 +1609,24 @@ def test_the_exporter_keeps_a_bounded_number_of_open_findings_per_minion(exporte
         module.handle(metrics, "salt/beacon/db1/hana_storage/violation", {**data, "key": f"k{n}"})
     assert len(metrics.open["db1"]) <= 1000, f"{len(metrics.open['db1'])} open findings kept for db1"
 
+
+def test_the_triage_engine_does_not_hold_forged_outbox_events_in_memory(tmp_path):
+    """Robustness (master DoS). Any minion can fire ``hana/storage/alert`` (README). The engine's
+    confirm_each queues every alert or remediation event its bus carries - forged ones too - in
+    an unbounded heap for ``settle`` (30) seconds, data and all, before ``delivered`` checks the
+    master's signature: a minion firing large forged events holds 30 s of its flood in the
+    master's memory."""
+    spec = importlib.util.spec_from_file_location("triage_engine_attack", REPO / "_engines/hana_storage_triage.py")
+    engine = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(engine)
+    later, checked = engine.Later(), []
+    forged = (
+        {"tag": "hana/storage/alert", "data": {"minion": "db1", "rule": "HANA-ENC-001", "event_id": f"{n:032x}",
+                                               "ts": time.time(), "sig": "AAAA", "pad": "x" * 1000}}
+        for n in range(20_000)
+    )  # fmt: skip
+    engine.confirm_each(forged, later, lambda tag, data: checked.append(tag), 30)
+    with later._wake:
+        held = len(later._due)
+    assert held <= 1000, f"{held} forged events (20 MB) held for 30 s before any signature check"
+
