@@ -1630,3 +1630,25 @@ def test_the_triage_engine_does_not_hold_forged_outbox_events_in_memory(tmp_path
         held = len(later._due)
     assert held <= 1000, f"{held} forged events (20 MB) held for 30 s before any signature check"
 
+
+def test_a_redis_writer_cannot_add_series_to_the_exporter(runner, redis_url):
+    """Forgery / DoS. The tallies hash carries no MAC (README: a Redis writer can change the
+    counts), and the exporter makes a series of every field in it: its action and rule labels are
+    the Redis writer's, not the master's table's. 5,000 made-up fields are 5,000 series on every
+    master's /metrics (each label as long as the writer likes)."""
+    import redis
+
+    module = load("_engines/hana_storage_exporter.py", "exporter_tallies_attack")
+    prefix = f"attack-tallies-{time.monotonic_ns()}:"
+    opened = store.RedisStore(redis_url, prefix, b"k" * 32)
+    writer = redis.Redis.from_url(redis_url)
+    writer.hincrby(prefix + "tallies", "alerted|HANA-ENC-001", 1)
+    for n in range(5000):
+        writer.hincrby(prefix + "tallies", f"made-up-{n}|RULE-{n}", 1)
+    registry = CollectorRegistry()
+    registry.register(module.StoreTallies(opened.tallies))
+    labels = set(series(registry, "hana_storage_triage_actions_total"))
+    actions = {"alerted", "remediated", "remediation-failed"}
+    known = set(rules.RULES) | {"unknown"}
+    foreign = {k for k in labels if dict(k)["action"] not in actions or dict(k)["rule"] not in known}
+    assert not foreign, f"{len(foreign)} series named by whoever writes to Redis"
