@@ -2069,3 +2069,17 @@ def test_mounted_replaces_an_fstab_entry_that_names_the_mountpoint_another_way(
     entries = states.core.tab.parse_fstab(tabs.fstab.read_text())
     for_mountpoint = [e for e in entries if os.path.normpath(e["file"]) == name]
     assert [e["spec"] for e in for_mountpoint] == ["UUID=1234-abcd"], tabs.fstab.read_text()
+
+
+def test_a_header_backup_never_replaces_a_key_file(real_headers, make_luks, keyfile, tmp_path):
+    """Key loss. A key file at the backup's path (a pillar that validates:
+    tests/unit/test_pillar.py test_a_key_file_where_the_formula_writes_its_own_files_is_refused) is
+    an "unreadable" backup (HANA-KEY-006, auto): header_backed_up proves the new backup with the
+    key, then renames it over the key file. The key the device opens with is gone."""
+    import shutil
+
+    image, key = make_luks(), tmp_path / "hana_data.luks-header"
+    shutil.copy(keyfile, key)
+    before = key.read_bytes()
+    states.header_backed_up(str(image), str(key), str(key))
+    assert key.read_bytes() == before, "the key file was replaced by a LUKS header backup"
