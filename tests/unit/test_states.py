@@ -2083,3 +2083,52 @@ def test_a_header_backup_never_replaces_a_key_file(real_headers, make_luks, keyf
     before = key.read_bytes()
     states.header_backed_up(str(image), str(key), str(key))
     assert key.read_bytes() == before, "the key file was replaced by a LUKS header backup"
+
+
+def wiped_xfs(tmp_path, host, monkeypatch):
+    """An XFS whose magic `wipefs -a` erased (xfs_repair brings it back from its secondary
+    superblocks): blkid finds no signature; where the module's probe finds data (``data_at``)."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("mkfs.xfs"):
+        pytest.skip("xfsprogs not installed")
+    image = tmp_path / "inner.img"
+    image.write_bytes(b"")
+    os.truncate(image, 512 << 20)
+    subprocess.run(["mkfs.xfs", "-q", str(image)], check=True)
+    subprocess.run(["wipefs", "-q", "-a", str(image)], check=True)
+    assert subprocess.run(["blkid", "-p", str(image)], capture_output=True).returncode == 2  # nothing
+    real_reader = host._reader
+    monkeypatch.setattr(host, "_reader", lambda path, shown=None: real_reader(str(image), shown))
+    return host._first_data("inner", image.stat().st_size)
+
+
+def test_mkfs_never_formats_what_a_key_opened_that_holds_data_without_a_signature(
+    salt_functions, fs_probe, real_headers, tmp_path, monkeypatch
+):
+    """Data loss. Inside an opened LUKS device (above LVM: the mkfs step; below LVM: pv_safe
+    before pvcreate) "blank" is "no signature": the probe's ``data_at`` (which the disk guard
+    refuses as unknown_data) is not looked at. An XFS whose magic was erased (a stray wipefs
+    on /dev/mapper/hana_data; xfs_repair restores it from a secondary superblock) is formatted
+    over by the next apply - on every reboot for a pillar-key volume, which Salt opens and
+    mounts - and mkfs.xfs, finding no signature either, needs no -f to do it."""
+    data_at = wiped_xfs(tmp_path, real_headers, monkeypatch)
+    assert data_at is not None
+    fs_probe(data_at=data_at)
+    ret = states.formatted(FS, stripe_kib=256, stripes=4, opened_by="hana-storage-data-open-0")
+    assert [argv[0] for argv in argvs_run(salt_functions)] in ([], ["cryptsetup"]), "mkfs.xfs ran"
+    assert ret["result"] is False, ret
+
+
+def test_pvcreate_never_runs_on_what_a_key_opened_that_holds_data_without_a_signature(
+    salt_functions, monkeypatch, real_headers, tmp_path
+):
+    """The same hole below LVM: pv_safe lets an opened LUKS device through as blank although the
+    probe found data in it, and lvm.pv_present's pvcreate writes its label and metadata there."""
+    inner = "/dev/mapper/hana_log_0"
+    data_at = wiped_xfs(tmp_path, real_headers, monkeypatch)
+    fake_paths(monkeypatch, present=[inner])
+    salt_functions["hana_storage_host.probe"].return_value = {inner: probe(inner, data_at=data_at)}
+    ret = states.pv_safe(inner, "vg_hana_log", lv_dm_name="vg_hana_log-lv_hana_log")
+    assert ret["result"] is False, ret
