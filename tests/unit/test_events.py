@@ -1616,7 +1616,9 @@ def test_the_triage_engine_does_not_hold_forged_outbox_events_in_memory(tmp_path
     an unbounded heap for ``settle`` (30) seconds, data and all, before ``delivered`` checks the
     master's signature: a minion firing large forged events holds 30 s of its flood in the
     master's memory."""
-    spec = importlib.util.spec_from_file_location("triage_engine_attack", REPO / "_engines/hana_storage_triage.py")
+    spec = importlib.util.spec_from_file_location(
+        "triage_engine_attack", REPO / "_engines/hana_storage_triage.py"
+    )
     engine = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(engine)
     later, checked = engine.Later(), []
