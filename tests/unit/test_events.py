@@ -1576,3 +1576,81 @@ def test_exporter_drops_the_series_of_volumes_and_minions_that_are_gone(exporter
         "hana_storage_last_audit_timestamp_seconds",
     ):
         assert {dict(k)["minion"] for k in series(registry, name)} == {"db1"}, name
+
+
+# ---- outside review (attack branch): each test below fails until its hole is fixed ----------------
+
+
+def test_a_minions_triage_record_stays_bounded_whatever_keys_its_events_name(runner, pki):
+    """Robustness (master DoS). Triage takes an event's ``key`` as it comes (any text, up to
+    max_event_bytes) and records each handled occurrence under it; ``handled`` is never pruned.
+    A minion (its own key, e.g. root on one host) that names a new key in every event, within
+    the rate limit, grows its record by the key's size per event; every later event of that
+    minion and rule reads, parses and writes the whole record under its lock (the local file,
+    or one Redis value per WATCH/MULTI round). 40 events of 100 KB keys: a 4 MB record here,
+    5 events/s of 256 KB keys make ~110 GB a day, a JSON document each triage rewrites."""
+    tag = "salt/beacon/db1/hana_storage/violation"
+    for n in range(40):
+        found = finding("HANA-ENC-001", "data", f"/dev/vd{n}")
+        data = {**beacon_events.violation_data(found, time.time()), "key": f"{n}|" + "k" * 100_000}
+        assert runner.triage(tag, signed(pki, "db1", data))["action"] == "alerted"
+    record = Path(runner.__opts__["cachedir"]) / "hana_storage" / "actions" / "db1@HANA-ENC-001"
+    assert record.stat().st_size <= runner.DEFAULTS["max_event_bytes"], f"{record.stat().st_size} bytes"
+
+
+def test_the_exporter_keeps_a_bounded_number_of_open_findings_per_minion(exporter):
+    """Robustness (master DoS). The exporter bounds the series a minion makes, not what it keeps:
+    each violation with a new ``key`` adds an entry to ``Metrics.open[minion]`` (never dropped but
+    by a resolved event or the next audit event), and every event of that minion then walks all of
+    them (``_refresh``). The exporter applies no event size or rate limit of its own."""
+    module, metrics, _registry = exporter
+    for n in range(3000):
+        data = events.finding_event("violation", finding("HANA-ENC-001"), "uevent", 1.0)
+        module.handle(metrics, "salt/beacon/db1/hana_storage/violation", {**data, "key": f"k{n}"})
+    assert len(metrics.open["db1"]) <= 1000, f"{len(metrics.open['db1'])} open findings kept for db1"
+
+
+def test_the_triage_engine_does_not_hold_forged_outbox_events_in_memory(tmp_path):
+    """Robustness (master DoS). Any minion can fire ``hana/storage/alert`` (README). The engine's
+    confirm_each queues every alert or remediation event its bus carries - forged ones too - in
+    an unbounded heap for ``settle`` (30) seconds, data and all, before ``delivered`` checks the
+    master's signature: a minion firing large forged events holds 30 s of its flood in the
+    master's memory."""
+    spec = importlib.util.spec_from_file_location(
+        "triage_engine_attack", REPO / "_engines/hana_storage_triage.py"
+    )
+    engine = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(engine)
+    later, checked = engine.Later(), []
+    forged = (
+        {"tag": "hana/storage/alert", "data": {"minion": "db1", "rule": "HANA-ENC-001", "event_id": f"{n:032x}",
+                                               "ts": time.time(), "sig": "AAAA", "pad": "x" * 1000}}
+        for n in range(20_000)
+    )  # fmt: skip
+    engine.confirm_each(forged, later, lambda tag, data: checked.append(tag), 30)
+    with later._wake:
+        held = len(later._due)
+    assert held <= 1000, f"{held} forged events (20 MB) held for 30 s before any signature check"
+
+
+def test_a_redis_writer_cannot_add_series_to_the_exporter(runner, redis_url):
+    """Forgery / DoS. The tallies hash carries no MAC (README: a Redis writer can change the
+    counts), and the exporter makes a series of every field in it: its action and rule labels are
+    the Redis writer's, not the master's table's. 5,000 made-up fields are 5,000 series on every
+    master's /metrics (each label as long as the writer likes)."""
+    import redis
+
+    module = load("_engines/hana_storage_exporter.py", "exporter_tallies_attack")
+    prefix = f"attack-tallies-{time.monotonic_ns()}:"
+    opened = store.RedisStore(redis_url, prefix, b"k" * 32)
+    writer = redis.Redis.from_url(redis_url)
+    writer.hincrby(prefix + "tallies", "alerted|HANA-ENC-001", 1)
+    for n in range(5000):
+        writer.hincrby(prefix + "tallies", f"made-up-{n}|RULE-{n}", 1)
+    registry = CollectorRegistry()
+    registry.register(module.StoreTallies(opened.tallies))
+    labels = set(series(registry, "hana_storage_triage_actions_total"))
+    actions = {"alerted", "remediated", "remediation-failed"}
+    known = set(rules.RULES) | {"unknown"}
+    foreign = {k for k in labels if dict(k)["action"] not in actions or dict(k)["rule"] not in known}
+    assert not foreign, f"{len(foreign)} series named by whoever writes to Redis"

@@ -68,3 +68,21 @@ def test_a_synced_package_is_imported_again(tmp_path, monkeypatch):
     second = first.fresh()
     assert second is not first and second.events.SYNCED == "the newer file"
     assert second.fresh() is second and first.fresh() is second
+
+
+# ---- outside review (attack branch): each test below fails until its hole is fixed ----------------
+
+
+def test_the_beacon_puts_no_directory_of_salts_own_on_sys_path(opts, monkeypatch):
+    """Robustness. _load_core appends every directory of the utils loader to sys.path for the life
+    of the minion process (the beacon runs in it; each job it forks inherits it): that includes
+    Salt's own salt/utils package directory, so each of its ~170 modules becomes importable as a
+    top-level module of that name wherever the real one is missing (``import openstack``,
+    ``import napalm``, ``import nacl``, ``import crypt`` on Python 3.13 ...): another module's
+    optional-dependency check then finds Salt's helper instead of an ImportError."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    beacons = salt.loader.beacons(opts, {})
+    module = sys.modules[beacons["hana_storage.beacon"].__module__]
+    module._load_core()
+    salt_utils = os.path.realpath(os.path.join(os.path.dirname(salt.__file__), "utils"))
+    assert salt_utils not in map(os.path.realpath, sys.path), f"{salt_utils} is on sys.path"

@@ -560,3 +560,20 @@ def test_a_digit_int_cannot_read_is_the_parsers_own_error(parse, error):
     it in the fstab parser)."""
     with pytest.raises(error):
         parse()
+
+
+# ---- outside review (attack branch): each test below fails until its hole is fixed ----------------
+
+
+def test_crypttab_fields_are_read_as_systemd_reads_them():
+    """Wrong result. systemd-cryptsetup-generator takes crypttab fields literally (systemd 252,
+    run on this host with SYSTEMD_CRYPTTAB: ``hana\\040x`` attaches a mapping named ``hana\\040x``),
+    while core.tab unescapes octal escapes as in fstab. An entry systemd knows as the mapping
+    ``hana\\137data`` is taken for hana_data's: set_entry rewrites it (another name's entry
+    changed), and a matching one reads as "present" while systemd attaches no hana_data."""
+    from hana_storage_core import tab
+
+    other = "hana\\137data UUID=11111111-1111-1111-1111-111111111111 none luks\n"
+    line = "hana_data UUID=22222222-2222-2222-2222-222222222222 /etc/hana.key luks"
+    text, status = tab.set_entry(other, "crypttab", "hana_data", line)
+    assert (text, status) == (other + line + "\n", "new"), (text, status)

@@ -791,3 +791,36 @@ def test_pillar_example_names_every_key_of_the_schema():
     words = set(re.findall(r"\b([a-z_]+):", text))
     missing = sorted({":".join(path) for path in _schema_keys(SCHEMA) if path[-1] not in words})
     assert missing == [], f"pillar.example does not mention: {missing}"
+
+
+# ---- outside review (attack branch): each test below fails until its hole is fixed ----------------
+
+
+TANG_SERVER = {"url": "http://tang.example:7500", "thumbprint": "T" * 43}
+
+
+@pytest.mark.parametrize(
+    "key,why",
+    [
+        ({"source": "keyfile", "path": "/etc/hana-storage/keys/hana_data.luks-header"},
+         "the header backup of hana_data is renamed over it"),
+        ({"source": "keyfile", "path": "/etc/hana-storage/keys/hana_data.luks-header.new"},
+         "each backup run unlinks it first"),
+        ({"source": "tang", "servers": [TANG_SERVER],
+          "recovery": {"source": "keyfile", "path": "/run/hana-storage/scratch/keys/recovery.key"}},
+         "a ramfs is mounted over it; each Clevis run rmtree's every directory there"),
+    ],
+)  # fmt: skip
+def test_a_key_file_where_the_formula_writes_its_own_files_is_refused(key, why):
+    """Key loss (pillar). The checks keep key files out of PILLAR_KEY_DIR and HANA mountpoints,
+    not out of the other paths the formula writes: ``<header_backup.directory>/<crypt>.luks-header``
+    (core.files.install renames the proven backup over it: tests/unit/test_states.py
+    test_a_header_backup_never_replaces_a_key_file), its ``.new`` (unlinked before each backup),
+    and /run/hana-storage/scratch (_run_clevis mounts a ramfs there and removes every directory
+    in it). Such a pillar validates; the first apply destroys the key the volume opens with."""
+    pillar = {
+        "key": key,
+        "header_backup": {"directory": "/etc/hana-storage/keys"},
+        "volumes": {"data": {"mountpoint": "/hana/data", "devices": ["/dev/vda"]}},
+    }
+    assert errors_of(pillar) != [], why

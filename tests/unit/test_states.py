@@ -3,6 +3,7 @@
 apply branches that otherwise run only in the VM tier."""
 
 import base64
+import contextlib
 import importlib.util
 import json
 import os
@@ -1938,3 +1939,196 @@ def test_pv_safe_closes_a_device_this_run_opened_only_to_look_inside(salt_functi
         "Nothing was written to any device; /dev/mapper/hana_data_0, opened by this run to look inside, "
         "was closed again."
     )
+
+
+# ---- outside review (attack branch): each test below fails until its hole is fixed ----------------
+
+
+CHEAP_LUKS = {"type": "luks2", "cipher": "aes-xts-plain64", "key_size": 512, "sector_size": 512,
+              "pbkdf": {"type": "pbkdf2", "force_iterations": 1000}}  # fmt: skip
+
+
+def real_probe(host, marks):
+    """hana_storage_host.probe of an image file, as the module makes it for a closed LUKS block
+    device: the real header, the format mark looked up by its UUID, the key tried on a copy."""
+
+    def probe_images(devices, key_file=None):
+        keys = [key_file] if isinstance(key_file, str) else list(key_file or [])
+        result = {}
+        for device in devices:
+            try:
+                header = host.luks_header(device)
+            except CommandExecutionError:  # blank: no signature, the sampled areas zero
+                result[device] = probe(device)
+                continue
+            luks = {"version": header["version"], "uuid": header["uuid"], "keyslots": len(header["keyslots"])}
+            if luks["keyslots"] == 0:
+                luks["format_began"] = (marks / header["uuid"]).exists()
+            opens, error = (None, None)
+            if keys and luks["keyslots"]:
+                opens, error = host._keys_test(device, header, keys)
+            result[device] = probe(device, signatures=[{"type": "crypto_LUKS", "usage": "crypto"}],
+                                   luks=luks, key_opens=opens, key_error=error)  # fmt: skip
+        return result
+
+    return probe_images
+
+
+def test_a_format_mark_left_by_a_completed_luksformat_never_licenses_reformatting_an_erased_header(
+    real_headers, salt_functions, marks, keyfile, tmp_path
+):
+    """Data loss. luks_formatted leaves its mark when the job dies after cryptsetup luksFormat
+    returned (or while it runs: cryptsetup, a child, finishes the format and its keyslot after the
+    job process was killed), and no later run removes a mark whose header has its keyslot. Once
+    that header loses its keyslots (luksErase, the damage the README says is refused even
+    without a backup), the guard takes it for the formula's own unfinished format and formats it
+    again - no allow_format, and header_backed_up (formatted_by) then replaces the only backup."""
+    image = tmp_path / "lv.img"
+    image.write_bytes(b"")
+    os.truncate(image, 24 << 20)
+    salt_functions["hana_storage_host.probe"] = MagicMock(side_effect=real_probe(real_headers, marks))
+
+    def killed_after_luksformat(argv, **kwargs):
+        done = run_cryptsetup(argv, **kwargs)
+        if argv[1] == "luksFormat":
+            raise KeyboardInterrupt("the job process is killed; cryptsetup had finished")
+        return done
+
+    salt_functions["cmd.run_all"].side_effect = killed_after_luksformat
+    with pytest.raises(KeyboardInterrupt):
+        states.luks_formatted(str(image), str(keyfile), CHEAP_LUKS, "hana_data")
+    uuid = real_headers.luks_header(str(image))["uuid"]
+    assert len(real_headers.luks_header(str(image))["keyslots"]) == 1  # a finished format
+    salt_functions["cmd.run_all"].side_effect = run_cryptsetup
+    again = states.luks_formatted(str(image), str(keyfile), CHEAP_LUKS, "hana_data")
+    assert again["result"] is True and again["changes"] == {}, again  # the volume's own LUKS, used
+    cryptsetup_run("luksErase", str(image))  # later: a stray luksErase (a header backup restores it)
+    ret = states.luks_formatted(str(image), str(keyfile), CHEAP_LUKS, "hana_data")
+    assert real_headers.luks_header(str(image))["uuid"] == uuid, "the erased header was formatted over"
+    assert ret["result"] is False and ret["changes"] == {}, ret
+
+
+def test_a_keyslot_converted_in_place_is_not_a_lost_keyslot(real_headers, make_luks, keyfile, tmp_path):
+    """Wrong result. HANA-ENC-006's own advice (cryptsetup luksConvertKey --pbkdf argon2id)
+    rewrites keyslot 0 in place: same id, same key, a new salt. The backup's keyslot 0 is then
+    "gone from the header": HANA-KEY-007 (critical, "restore from the backup" - which would undo
+    the stronger KDF), and header_backed_up refuses to refresh the backup for good, although the
+    key opens the live header and nothing was lost."""
+    image, backup = make_luks(kdf="pbkdf2"), tmp_path / "hana_data.luks-header"
+    assert states.header_backed_up(str(image), str(backup), str(keyfile))["result"] is True
+    cryptsetup_run("luksConvertKey", "--pbkdf", "argon2id", "--pbkdf-memory", "8192",
+                   "--pbkdf-force-iterations", "4", "--pbkdf-parallel", "1", "--key-file", str(keyfile),
+                   str(image))  # fmt: skip
+    problem = backup_state(real_headers, backup, image)
+    assert problem is None or problem["rule"] != "HANA-KEY-007", problem
+    ret = states.header_backed_up(str(image), str(backup), str(keyfile))
+    assert ret["result"] is True, ret
+    assert backup_state(real_headers, backup, image) is None
+
+
+def test_the_header_copy_in_memory_is_bounded_by_the_header_not_the_data_offset(
+    real_headers, keyfile, tmp_path, monkeypatch
+):
+    """Robustness. _make_proven_backup copies data_offset bytes of the device into a memfd: for a
+    LUKS2 device with a large --offset (valid; the header itself is 16 MiB) that is the whole
+    data offset in RAM on every apply and KEY-006 remediation (512 MiB here, any size a header
+    names up to the device's), where _key_test caps the same copy at KEY_TEST_MAX_HEADER. The
+    backup can never be proven then either (the key test refuses that offset)."""
+    image = tmp_path / "offset.img"
+    image.write_bytes(b"")
+    os.truncate(image, 1 << 30)
+    cryptsetup_run("luksFormat", "--type", "luks2", "--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000",
+                   "--offset", str((512 << 20) // 512), "--key-file", str(keyfile), str(image))  # fmt: skip
+    asked = []
+
+    @contextlib.contextmanager
+    def memory_copy(path, size):
+        asked.append(size)
+        raise MemoryError(f"asked for {size} bytes")
+        yield  # pragma: no cover
+
+    monkeypatch.setattr(states.core.files, "memory_copy", memory_copy)
+    with contextlib.suppress(MemoryError):
+        states.header_backed_up(str(image), str(tmp_path / "b" / "hana_data.luks-header"), str(keyfile))
+    assert asked and max(asked) <= real_headers.KEY_TEST_MAX_HEADER, f"{max(asked) >> 20} MiB in memory"
+
+
+def test_mounted_replaces_an_fstab_entry_that_names_the_mountpoint_another_way(
+    salt_functions, unmounted, tabs
+):
+    """Wrong result (boot). An fstab entry for the mountpoint spelled with a trailing slash (or
+    '//', '/./') is another key to set_entry, so the formula's entry is appended beside it, and
+    the audit (HANA-PERSIST-002 compares the same strings) calls fstab compliant. systemd's
+    fstab-generator simplifies both paths to one mount unit and keeps the first entry: at boot
+    the stale device is mounted at the HANA mountpoint, or the boot waits for a device that is
+    gone and drops to the emergency shell."""
+    name = str(unmounted)
+    tabs.set(fstab=f"UUID=aa / ext4 defaults 0 1\n/dev/sdz1 {name}/ xfs defaults 0 0\n")
+    ret = states.mounted(name, FS, MOUNT_OPTIONS, FSTAB_OPTIONS)
+    assert ret["result"] is True, ret
+    entries = states.core.tab.parse_fstab(tabs.fstab.read_text())
+    for_mountpoint = [e for e in entries if os.path.normpath(e["file"]) == name]
+    assert [e["spec"] for e in for_mountpoint] == ["UUID=1234-abcd"], tabs.fstab.read_text()
+
+
+def test_a_header_backup_never_replaces_a_key_file(real_headers, make_luks, keyfile, tmp_path):
+    """Key loss. A key file at the backup's path (a pillar that validates:
+    tests/unit/test_pillar.py test_a_key_file_where_the_formula_writes_its_own_files_is_refused) is
+    an "unreadable" backup (HANA-KEY-006, auto): header_backed_up proves the new backup with the
+    key, then renames it over the key file. The key the device opens with is gone."""
+    import shutil
+
+    image, key = make_luks(), tmp_path / "hana_data.luks-header"
+    shutil.copy(keyfile, key)
+    before = key.read_bytes()
+    states.header_backed_up(str(image), str(key), str(key))
+    assert key.read_bytes() == before, "the key file was replaced by a LUKS header backup"
+
+
+def wiped_xfs(tmp_path, host, monkeypatch):
+    """An XFS whose magic `wipefs -a` erased (xfs_repair brings it back from its secondary
+    superblocks): blkid finds no signature; where the module's probe finds data (``data_at``)."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("mkfs.xfs"):
+        pytest.skip("xfsprogs not installed")
+    image = tmp_path / "inner.img"
+    image.write_bytes(b"")
+    os.truncate(image, 512 << 20)
+    subprocess.run(["mkfs.xfs", "-q", str(image)], check=True)
+    subprocess.run(["wipefs", "-q", "-a", str(image)], check=True)
+    assert subprocess.run(["blkid", "-p", str(image)], capture_output=True).returncode == 2  # nothing
+    real_reader = host._reader
+    monkeypatch.setattr(host, "_reader", lambda path, shown=None: real_reader(str(image), shown))
+    return host._first_data("inner", image.stat().st_size)
+
+
+def test_mkfs_never_formats_what_a_key_opened_that_holds_data_without_a_signature(
+    salt_functions, fs_probe, real_headers, tmp_path, monkeypatch
+):
+    """Data loss. Inside an opened LUKS device (above LVM: the mkfs step; below LVM: pv_safe
+    before pvcreate) "blank" is "no signature": the probe's ``data_at`` (which the disk guard
+    refuses as unknown_data) is not looked at. An XFS whose magic was erased (a stray wipefs
+    on /dev/mapper/hana_data; xfs_repair restores it from a secondary superblock) is formatted
+    over by the next apply - on every reboot for a pillar-key volume, which Salt opens and
+    mounts - and mkfs.xfs, finding no signature either, needs no -f to do it."""
+    data_at = wiped_xfs(tmp_path, real_headers, monkeypatch)
+    assert data_at is not None
+    fs_probe(data_at=data_at)
+    ret = states.formatted(FS, stripe_kib=256, stripes=4, opened_by="hana-storage-data-open-0")
+    assert [argv[0] for argv in argvs_run(salt_functions)] in ([], ["cryptsetup"]), "mkfs.xfs ran"
+    assert ret["result"] is False, ret
+
+
+def test_pvcreate_never_runs_on_what_a_key_opened_that_holds_data_without_a_signature(
+    salt_functions, monkeypatch, real_headers, tmp_path
+):
+    """The same hole below LVM: pv_safe lets an opened LUKS device through as blank although the
+    probe found data in it, and lvm.pv_present's pvcreate writes its label and metadata there."""
+    inner = "/dev/mapper/hana_log_0"
+    data_at = wiped_xfs(tmp_path, real_headers, monkeypatch)
+    fake_paths(monkeypatch, present=[inner])
+    salt_functions["hana_storage_host.probe"].return_value = {inner: probe(inner, data_at=data_at)}
+    ret = states.pv_safe(inner, "vg_hana_log", lv_dm_name="vg_hana_log-lv_hana_log")
+    assert ret["result"] is False, ret
