@@ -248,14 +248,22 @@ core = None  # hana_storage_core, once _load_core has imported it
 def _load_core():
     """Import the formula's package (hana_storage_core). The beacon loader, unlike the loaders of
     execution modules, states, runners and engines, puts no utils directory on sys.path: the
-    directories Salt syncs ``_utils`` to are added here, for this process."""
+    one Salt synced ``_utils`` to is put there for the import only, as those loaders do (left
+    there, Salt's own salt/utils would shadow third-party packages in every later import)."""
     global core
-    for directory in salt.loader.utils(__opts__).module_dirs:
-        if directory not in sys.path:
-            sys.path.append(directory)
-    import hana_storage_core  # noqa: PLC0415 - needs the directories above
+    added = [
+        directory
+        for directory in salt.loader.utils(__opts__).module_dirs
+        if os.path.isdir(os.path.join(directory, "hana_storage_core")) and directory not in sys.path
+    ]
+    sys.path[:0] = added
+    try:
+        import hana_storage_core  # noqa: PLC0415 - needs the directories above
 
-    core = hana_storage_core.fresh()
+        core = hana_storage_core.fresh()
+    finally:
+        for directory in added:
+            sys.path.remove(directory)
     return core
 
 

@@ -381,19 +381,22 @@ def facts(plan, reuse_lvm=False):
             superblocks[name] = {"error": "not read: a device of the stack is suspended"}
         else:
             superblocks[name] = _superblock_of(name)
+    closed = _closed_headers(plan, devices)
+    backups = _header_backup_facts(plan)
     return {
         "devices": devices,
         "mounts": mounts,
         "headers": headers,
         "previous_keys": _previous_key_facts(plan, devices, headers),
-        "closed_headers": _closed_headers(plan, devices),
+        "closed_headers": closed,
+        "rewritten_keyslots": _rewritten_keyslot_facts(plan, devices, headers, closed, backups),
         "lvm_scans": _lvm_scans_for(plan, devices),
         "superblocks": superblocks,
         "lvm": _lvm_segments(devices, reuse=reuse_lvm),
         "crypttab": _parsed_file("/etc/crypttab", core.tab.parse_crypttab),
         "fstab": _parsed_file("/etc/fstab", core.tab.parse_fstab),
         "key_files": _key_file_facts(plan),
-        "header_backups": _header_backup_facts(plan),
+        "header_backups": backups,
         "device_names": _device_names(plan, devices),
         "crypto_drivers": _crypto_drivers(devices),
         "disks": {n: sorted(_kernel_name(d) for d in v["devices"]) for n, v in plan["volumes"].items()},
@@ -431,7 +434,7 @@ def _lvm_scans_for(plan, devices):
     return None if scans is None else sorted(scans)
 
 
-PREVIOUS_KEYS = "hana_storage_host.previous_keys"  # __context__: {(device, fingerprint, key file): fact}
+KEY_SLOTS = "hana_storage_host.key_slots"  # __context__: {(device, fingerprint, key file, ...): key_slots}
 
 
 def _previous_key_facts(plan, devices, headers):
@@ -450,21 +453,53 @@ def _previous_key_facts(plan, devices, headers):
                 backing = core.stack.backing_device(device)
                 if backing in headers and "error" not in headers[backing]:
                     wanted[backing] = previous["file"]
-    kept = __context__.setdefault(PREVIOUS_KEYS, {})
+    return {
+        backing: _slots_opened(f"/dev/{backing}", headers[backing], key_file)
+        for backing, key_file in wanted.items()
+    }
+
+
+def _rewritten_keyslot_facts(plan, devices, headers, closed, backups):
+    """{crypt name: {"keyslots", "error"}}: which keyslots the volume's keys open, on the devices
+    whose header backup holds a keyslot the live header has rewritten under the same id
+    (core.rules.rewritten_keyslots). Rare (after luksConvertKey or luksChangeKey), and tried only
+    then, once per header and key file (see _slots_opened)."""
+    by_name = {d["dm_name"]: core.stack.backing_device(d) for d in devices.values() if d["kind"] == "crypt"}
     facts = {}
-    for backing, key_file in wanted.items():
-        try:
-            info = os.stat(key_file)
-        except OSError as error:
-            facts[backing] = {"keyslots": [], "error": f"{key_file}: {error.strerror}"}
-            continue
-        ident = (backing, headers[backing].get("fingerprint"), key_file, info.st_ino, info.st_mtime_ns)
-        if ident not in kept:
-            if len(kept) > 256:  # headers that changed since: forget them all now and then
-                kept.clear()
-            kept[ident] = key_slots(f"/dev/{backing}", key_file)
-        facts[backing] = kept[ident]
+    for volume in plan["volumes"].values():
+        keys = [volume["key"].get("file"), (volume["key"].get("previous") or {}).get("file")]
+        for crypt in volume["crypt"]:
+            backing = by_name.get(crypt["name"])
+            header = headers.get(backing) if backing else closed.get(crypt["name"])
+            fact = backups.get(crypt.get("header_backup"))
+            if not header or "error" in header or not fact or "error" in fact or not fact.get("exists"):
+                continue
+            if not core.rules.rewritten_keyslots(fact, header):
+                continue
+            device = f"/dev/{backing}" if backing else crypt["device"]
+            opened, errors = set(), []
+            for key_file in filter(None, keys):
+                result = _slots_opened(device, header, key_file)
+                opened.update(result["keyslots"])
+                errors += [result["error"]] if result["error"] else []
+            facts[crypt["name"]] = {"keyslots": sorted(opened), "error": "; ".join(errors) or None}
     return facts
+
+
+def _slots_opened(device, header, key_file):
+    """key_slots of ``device``, kept in __context__ while neither its header nor the key file
+    changes (a KDF run per keyslot is too dear for every audit)."""
+    try:
+        info = os.stat(key_file)
+    except OSError as error:
+        return {"keyslots": [], "error": f"{key_file}: {error.strerror}"}
+    kept = __context__.setdefault(KEY_SLOTS, {})
+    ident = (device, header.get("fingerprint"), key_file, info.st_ino, info.st_mtime_ns)
+    if ident not in kept:
+        if len(kept) > 256:  # headers that changed since: forget them all now and then
+            kept.clear()
+        kept[ident] = key_slots(device, key_file)
+    return kept[ident]
 
 
 def _crypto_drivers(devices):
@@ -675,7 +710,6 @@ CRYPTSETUP_EXIT = {
     4: "wrong device",
     5: "device busy or already exists",
 }
-KEY_TEST_MAX_HEADER = 128 << 20  # cryptsetup's own limit on a LUKS2 metadata + keyslots area
 
 
 def _key_test(path, header, key_file, keyslot=None):
@@ -687,11 +721,12 @@ def _key_test(path, header, key_file, keyslot=None):
     which would change the device (and erase the evidence HANA-ENC-007 reports). False only
     when cryptsetup says no key opens it (exit code 2); any other failure is an error.
     """
-    size = header.get("data_offset")
-    if not isinstance(size, int) or not 0 < size <= KEY_TEST_MAX_HEADER:
+    size = core.luks.header_bytes(header)
+    if size is None:
         return (
             None,
-            f"LUKS header unreadable or without a data offset ({header.get('error', size)}): key not tried",
+            "LUKS header unreadable or of no size a LUKS header has "
+            f"({header.get('error', header.get('header_size'))}): key not tried",
         )
     try:
         with core.files.memory_copy(path, size) as copy:
@@ -753,15 +788,24 @@ def _keys_test(path, header, key_files):
     return (None, "; ".join(errors)) if errors else (False, None)
 
 
-FORMAT_MARKS = "hana_storage/luks-format"  # under the minion's cachedir: one empty file per UUID
+FORMAT_MARKS = "hana_storage/luks-format"  # under the minion's cachedir: files named by LUKS UUID
+FORMAT_STAGES = {"header": "", "payload": ".payload"}
 
 
-def format_marker(uuid):
+def format_marker(uuid, stage="header"):
     """
     The file that marks a luksFormat this formula began, by the UUID it gives the header
-    (``luksFormat --uuid``): made before luksFormat runs, removed once it has returned. A LUKS
-    header without a keyslot is the formula's unfinished format only while its mark is there;
-    any other is damage (luksErase, an overwritten header), never blank.
+    (``luksFormat --uuid``), for one ``stage`` of it. Both marks are made before luksFormat runs.
+
+    header
+        Removed once luksFormat has returned, or once a later run sees the header's keyslot. A
+        LUKS header without a keyslot is the formula's unfinished format only while this mark
+        is there; any other is damage (luksErase, an overwritten header), never blank.
+    payload
+        Removed once a layer (a PV, XFS) is seen inside the opened device. An opened LUKS
+        device reads noise where nothing was written (the disk's zeros, decrypted): inside it,
+        data without a signature is that noise only while this mark is there; any other is
+        someone's data (a filesystem whose magic was erased), never blank.
 
     CLI Example:
 
@@ -771,7 +815,9 @@ def format_marker(uuid):
     """
     if not isinstance(uuid, str) or not uuid.replace("-", "").isalnum():
         raise CommandExecutionError(f"not a LUKS UUID: {uuid!r}")
-    return os.path.join(__opts__["cachedir"], FORMAT_MARKS, uuid)
+    if stage not in FORMAT_STAGES:
+        raise CommandExecutionError(f"not a stage of a luksFormat: {stage!r} (header or payload)")
+    return os.path.join(__opts__["cachedir"], FORMAT_MARKS, uuid + FORMAT_STAGES[stage])
 
 
 def key_opens(path, key_file):
@@ -829,7 +875,8 @@ def probe(devices, key_file=None):
     What is on each device, as the data-loss guard sees it: signatures (``blkid -p``), partition
     table, PV and its VG, LUKS header and whether ``key_file`` opens it, holders, mountpoints,
     where a device without a signature holds data (``data_at``, from areas sampled over the
-    whole device), and an XFS superblock's state. Read-only: not a byte of any device changes
+    whole device; ``payload_unused`` inside an opened LUKS device the formula formatted and
+    nothing was written to since), and an XFS superblock's state. Read-only: not a byte of any device changes
     (the key is tried on an in-memory copy of the header). The key is only tried (argon2 costs
     seconds) on a closed LUKS device that has a keyslot.
 
@@ -871,6 +918,8 @@ def probe(devices, key_file=None):
             "data_at": None,
             "xfs": None,
             "lvm_sees_paths": [],
+            "inside_luks": None,  # an opened LUKS device: the UUID of its header
+            "payload_unused": False,  # ... formatted by this formula, nothing written inside yet
         }
         probes[device] = result
         if not result["exists"]:
@@ -896,11 +945,14 @@ def probe(devices, key_file=None):
             groups = _pv_groups() if groups is None else groups
             result["pv_vg"] = groups.get(name)
         types = [s["type"] for s in result["signatures"]]
+        result["inside_luks"] = core.stack.luks_uuid_of_crypt(_read(f"{SYSFS_BLOCK}/{name}/dm/uuid").strip())
         if not types and not result["pttype"]:
             size = _read(f"{SYSFS_BLOCK}/{name}/size").strip()
             result["data_at"] = _first_data(
                 name, int(size) * 512 if size.isascii() and size.isdigit() else HEAD_BYTES
             )
+            if result["inside_luks"]:
+                result["payload_unused"] = os.path.exists(format_marker(result["inside_luks"], "payload"))
         if "crypto_LUKS" in types:
             header = _header_of(name)
             result["luks"] = {k: header.get(k) for k in ("version", "uuid", "error") if k in header}

@@ -14,6 +14,7 @@ which runs these states, is never called back.
 
 import base64
 import binascii
+import contextlib
 import hmac
 import os
 import shutil
@@ -93,8 +94,31 @@ def _ramfs(directory):
         raise CommandExecutionError(f"mounting a ramfs on {directory} failed: {result}")
 
 
+def _probes(devices, key_file=None):
+    """hana_storage_host.probe of ``devices``, forgetting on the way (a real run only) the
+    luksFormat marks of stages that are over: the header mark once its header has a keyslot,
+    the payload mark once a signature is seen inside the opened device. A header of that UUID
+    without keyslots, or data without a signature inside it, is someone's from then on, never
+    the formula's unfinished work. (A job killed after luksFormat or mkfs leaves its marks, and
+    the command, its child, finishes anyway.)"""
+    probes = __salt__["hana_storage_host.probe"](devices, key_file=key_file)
+    if not __opts__["test"]:
+        for probe in probes.values():
+            luks = probe.get("luks") or {}
+            if isinstance(luks.get("uuid"), str) and luks.get("keyslots"):
+                _forget_format_mark(luks["uuid"], "header")
+            if probe.get("inside_luks") and (probe.get("signatures") or probe.get("pttype")):
+                _forget_format_mark(probe["inside_luks"], "payload")
+    return probes
+
+
+def _forget_format_mark(uuid, stage):
+    with contextlib.suppress(FileNotFoundError, CommandExecutionError):
+        os.unlink(__salt__["hana_storage_host.format_marker"](uuid, stage))
+
+
 def _probe(device, key_file=None):
-    return __salt__["hana_storage_host.probe"]([device], key_file=key_file)[device]
+    return _probes([device], key_file=key_file)[device]
 
 
 def _key_files(*paths):
@@ -324,7 +348,7 @@ def devices_safe(name, volume):
     below = volume["encryption"] == "below_lvm"
     key_file = volume["key"]["file"]
     keys = _key_files(key_file, (volume["key"].get("previous") or {}).get("file"))
-    probes = __salt__["hana_storage_host.probe"](volume["devices"], key_file=keys if below and keys else None)
+    probes = _probes(volume["devices"], key_file=keys if below and keys else None)
     verdicts = [core.safety.disk_verdict(volume, probes[device]) for device in volume["devices"]]
     refused = [v for v in verdicts if v["verdict"] == "refuse"]
     if refused and __opts__["test"] and all(v["code"] == "key_not_tested" for v in refused):
@@ -411,9 +435,13 @@ def luks_formatted(
     offset = core.commands.luks_data_offset(stripe_kib, stripes)
     # the mark that says this header is the formula's own until its keyslot is there: a luksFormat
     # killed in between leaves a header no key opens, which the next run may format again
+    # (the payload mark, that what is inside reads noise nobody wrote, lasts until a PV or XFS is there)
     uuid = str(uuid_module.uuid4())
     marker = __salt__["hana_storage_host.format_marker"](uuid)
     os.makedirs(os.path.dirname(marker), mode=0o700, exist_ok=True)
+    core.files.replace_file(
+        __salt__["hana_storage_host.format_marker"](uuid, "payload"), name.encode(), mode=0o600
+    )
     core.files.replace_file(marker, name.encode(), mode=0o600)
     argv = core.commands.luks_format(name, key_file, luks, label=label, offset_sectors=offset, uuid=uuid)
     ok, err = _run(argv)
@@ -668,6 +696,9 @@ def header_backed_up(name, backup, key_file, previous_key_file=None, tang=None, 
     states removed those keyslots.
     """
     ret = _ret(name)
+    clash = _backup_clash(backup, key_file, previous_key_file)
+    if clash:
+        return _done(ret, f"{clash}. Nothing was changed.", result=False)
     try:
         live = __salt__["hana_storage_host.luks_header"](name)
     except CommandExecutionError as error:
@@ -677,7 +708,11 @@ def header_backed_up(name, backup, key_file, previous_key_file=None, tang=None, 
             )
         return _done(ret, f"{name}: {error}", result=False)
     fact = __salt__["hana_storage_host.header_backup"](backup)
-    problem = core.rules.header_backup_problem(fact, live, tang)
+    opens = set()
+    if fact.get("exists") and "error" not in fact and core.rules.rewritten_keyslots(fact, live):
+        for key in _key_files(key_file, previous_key_file):
+            opens.update(_key_slots(name, key)["keyslots"])
+    problem = core.rules.header_backup_problem(fact, live, tang, opens)
     if problem is None:
         return _done(ret, f"{backup} is a current backup of the LUKS header of {name}")
     if problem["rule"] == "HANA-KEY-007" and not _changed_in_this_run(
@@ -718,10 +753,23 @@ def _changed_in_this_run(device, problem, fact, live, formatted_by, tang=None):
     return set(core.rules.lost_keyslots(fact, live, tang)) <= removed
 
 
+def _backup_clash(backup, *key_files):
+    """Why ``backup`` (or the ``.new`` written beside it) must not be written: it is a key file.
+    The pillar check refuses such names; this holds for a key file reached another way (a link)."""
+    keys = {os.path.realpath(k) for k in key_files if k}
+    for path in (backup, f"{backup}.new"):
+        if os.path.realpath(path) in keys:
+            return f"refusing to write a header backup to {path}: it is a key file of the volume"
+    return None
+
+
 def _back_up_header(device, backup, key_file, previous_key_file=None, tang=None):
     """Back ``device``'s LUKS header up to ``backup`` from a copy of it in memory, through a new
     file beside it that replaces the old one once it is proven (see header_backed_up): (ok, what
     was done or why not)."""
+    clash = _backup_clash(backup, key_file, previous_key_file)
+    if clash:
+        return False, clash
     directory = os.path.dirname(backup)
     existing = directory
     while not os.path.isdir(existing):
@@ -752,9 +800,9 @@ def _make_proven_backup(device, new, key_file, previous_key_file, tang):
     is the live header's, the key opens it, no keyslot in it is one the pillar cannot account for.
     (ok, why not)."""
     header = __salt__["hana_storage_host.luks_header"](device)
-    size = header.get("data_offset")
-    if not isinstance(size, int) or size <= 0:
-        return False, f"the LUKS header of {device} names no data offset: not backing it up"
+    size = core.luks.header_bytes(header)
+    if size is None:
+        return False, f"the LUKS header of {device} names no size a LUKS header has: not backing it up"
     with core.files.memory_copy(os.path.realpath(device), size) as copy:
         ok, err = _run(core.commands.luks_header_backup(copy, new))
     if not ok:
@@ -981,10 +1029,10 @@ def crypttab_present(name, device, key_file, options):
         if __opts__["test"]:
             return _would(ret, f"would add {name} to /etc/crypttab once {device} is formatted")
         return _done(ret, f"{device} has no LUKS header: {error}", result=False)
-    line = core.tab.render_crypttab(name, f"UUID={uuid}", key_file, options)
     try:
+        line = core.tab.render_crypttab(name, f"UUID={uuid}", key_file, options)
         status = _set_tab_entry(CRYPTTAB, "crypttab", name, line)
-    except (OSError, UnicodeDecodeError) as error:
+    except (OSError, UnicodeDecodeError, core.tab.TabError) as error:
         return _done(ret, f"cannot update {CRYPTTAB}: {error}", result=False)
     if status == "present":
         return _done(ret, f"/etc/crypttab: {line}")
@@ -1015,10 +1063,19 @@ def lv_active(name):
     return _done(ret, f"activated {name}", activated=name)
 
 
-def formatted(name, stripe_kib=0, stripes=1, mkfs_options=(), may_wipe=False, opened_by=None):
+def formatted(
+    name, stripe_kib=0, stripes=1, mkfs_options=(), may_wipe=False, opened_by=None, created_by=None
+):
     """
     ``name`` holds XFS aligned to the stripe (su = stripe size, sw = stripes). A blank device is
     formatted; XFS is kept as it is (never formatted again); anything else is refused.
+
+    created_by
+        The ID of the state that creates ``name`` (below LVM: the volume's ``lvm.lv_present``):
+        an LV it created in this run reads the noise of the LUKS devices under it, nobody's data.
+    opened_by
+        The ID of the state that opens ``name`` (above LVM): a mapping opened by this run only
+        to look inside is closed again when the filesystem is refused.
     """
     ret = _ret(name)
     if not os.path.exists(name):
@@ -1026,7 +1083,9 @@ def formatted(name, stripe_kib=0, stripes=1, mkfs_options=(), may_wipe=False, op
             aligned = f" aligned to {stripes} x {stripe_kib} KiB stripes" if stripes > 1 else ""
             return _would(ret, f"would create XFS on {name} once it exists{aligned}")
         return _done(ret, f"{name} does not exist", result=False)
-    verdict = core.safety.layer_verdict("xfs", _probe(name), may_wipe)
+    verdict = core.safety.layer_verdict(
+        "xfs", _probe(name), may_wipe, created_now=_created_in_this_run(created_by)
+    )
     if verdict["verdict"] == "use":
         return _done(ret, f"{name}: {verdict['reason']}")
     if verdict["verdict"] == "refuse":
@@ -1050,6 +1109,7 @@ def formatted(name, stripe_kib=0, stripes=1, mkfs_options=(), may_wipe=False, op
     ok, err = _run(argv)
     if not ok:
         return _done(ret, f"mkfs.xfs {name} failed: {err}", result=False)
+    _probe(name)  # forgets the payload mark: from now on the XFS inside is data
     return _done(ret, f"created XFS on {name}", formatted={"device": name, "command": " ".join(argv)})
 
 

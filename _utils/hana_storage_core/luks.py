@@ -23,6 +23,8 @@ BINARY_HEADER_SIZE = 4096
 # Where a LUKS2 secondary header may sit: every allowed hdr_size (16 KiB .. 4 MiB).
 LUKS2_HEADER_SIZES = tuple(16384 << i for i in range(9))
 LUKS1_HEADER_SIZE = 592
+# The most a LUKS2 header takes: two 4 MiB metadata copies and cryptsetup's 128 MiB keyslots area.
+MAX_HEADER_BYTES = 2 * (4 << 20) + (128 << 20)
 LUKS1_KEYSLOT_ACTIVE = 0x00AC71F3
 LUKS1_KEYSLOT_DISABLED = 0x0000DEAD
 LUKS2_FLAGS = (
@@ -57,6 +59,19 @@ def parse_header(read):
     return _parse_luks2(read, start)
 
 
+def header_bytes(header):
+    """How many bytes from the start of the device hold the LUKS ``header`` (parse_header's): what
+    an in-memory copy of it must hold to be opened or backed up. None when the header does not
+    say, or says more than a LUKS header can take (the data offset may lie far beyond it)."""
+    size = header.get("header_size")
+    offset = header.get("data_offset")
+    if isinstance(size, int) and isinstance(offset, int) and 0 < offset < size:
+        size = offset  # the data starts inside what the keyslots area may take: the header ends there
+    if not isinstance(size, int) or not 0 < size <= MAX_HEADER_BYTES:
+        return None
+    return size
+
+
 # ---- LUKS1 ---------------------------------------------------------------------------------
 
 
@@ -71,8 +86,11 @@ def _parse_luks1(raw):
     if not cipher_name or key_bytes == 0 or key_bytes > 512:
         raise LuksError(f"LUKS1 header invalid: cipher {cipher_name!r}, key bytes {key_bytes}")
     keyslots = []
+    header_size = LUKS1_HEADER_SIZE
     for slot in range(8):
         active, iterations = struct.unpack_from(">II", raw, 208 + slot * 48)
+        material, stripes = struct.unpack_from(">II", raw, 208 + slot * 48 + 40)
+        header_size = max(header_size, material * 512 + -(-key_bytes * stripes // 512) * 512)
         if active == LUKS1_KEYSLOT_ACTIVE:
             kdf = {"type": "pbkdf2", "hash": hash_spec, "iterations": iterations}
             fingerprint = hashlib.sha256(raw[208 + slot * 48 : 256 + slot * 48]).hexdigest()[:16]
@@ -92,6 +110,7 @@ def _parse_luks1(raw):
         "key_size": key_bytes * 8,
         "sector_size": 512,
         "data_offset": payload_offset * 512,
+        "header_size": header_size,  # the end of the last keyslot's key material
         "keyslots": keyslots,
         "segments": [{"id": 0, "type": "crypt", "encryption": cipher, "sector_size": 512}],
         "flags": [],
@@ -253,8 +272,16 @@ def _summarise(copy):
         s["key_size"] for s in key_slots
     ]
     requirements = list(requirements) if isinstance(requirements, list) else []
+    keyslots_size = config.get("keyslots_size")
+    keyslots_size = (
+        int(keyslots_size)
+        if isinstance(keyslots_size, str) and keyslots_size.isascii() and keyslots_size.isdigit()
+        else None
+    )
     return {
         "version": 2,
+        # the bytes the header takes (both metadata copies, the keyslots area): what a backup holds
+        "header_size": 2 * copy["hdr_size"] + keyslots_size if keyslots_size is not None else None,
         "uuid": copy["uuid"],
         "label": copy["label"],
         "subsystem": copy["subsystem"],

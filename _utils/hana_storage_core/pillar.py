@@ -20,7 +20,9 @@ from typing import NamedTuple
 
 PREFIX = "hana:storage"
 REDACTED = "<redacted>"
-PILLAR_KEY_DIR = "/run/hana-storage/keys"
+RUNTIME_DIR = "/run/hana-storage"  # the formula's own: ramfs for pillar keys and Clevis' scratch
+PILLAR_KEY_DIR = f"{RUNTIME_DIR}/keys"
+HEADER_BACKUP_SUFFIX = ".luks-header"  # <header_backup.directory>/<crypt name>.luks-header
 
 # Paths the formula must never mount over or keep keys in.
 SYSTEM_PATHS = frozenset(
@@ -418,10 +420,15 @@ def semantic_errors(config, fixable=None):
             continue
         if posixpath.normpath(path) != path:
             errors.append(f"{keypath(*origin)}: must be a normalised path; got {path!r}")
-        if _is_under(path, PILLAR_KEY_DIR):
+        if _is_under(path, RUNTIME_DIR):
             errors.append(
-                f"{keypath(*origin)}: {path} lies in {PILLAR_KEY_DIR}, where the formula keeps pillar keys "
-                "on a ramfs of its own: put the key store's key files elsewhere"
+                f"{keypath(*origin)}: {path} lies in {RUNTIME_DIR}, where the formula mounts RAM file "
+                "systems of its own (pillar keys, Clevis' scratch): put the key store's key files elsewhere"
+            )
+        if _is_formula_file(path, config):
+            errors.append(
+                f"{keypath(*origin)}: {path} is a name the formula writes its own files under (header "
+                f"backups *{HEADER_BACKUP_SUFFIX} and their *.new, *.hana-storage.new): it would replace the key"
             )
         for name, mountpoint in mountpoints.items():
             if path == mountpoint or _is_under(path, mountpoint):
@@ -431,6 +438,19 @@ def semantic_errors(config, fixable=None):
                 )
     errors += _header_backup_errors(config, mountpoints)
     return errors
+
+
+def _is_formula_file(path, config):
+    """Is ``path`` a file the formula writes: a header backup or its temporary, or the temporary
+    of an atomic write (core.files)?"""
+    name = posixpath.basename(path)
+    if name.endswith(".hana-storage.new"):
+        return True
+    directory = (config.get("header_backup") or {}).get("directory")
+    return bool(directory) and (
+        posixpath.dirname(path) == posixpath.normpath(directory)
+        and (name.endswith(HEADER_BACKUP_SUFFIX) or name.endswith(HEADER_BACKUP_SUFFIX + ".new"))
+    )
 
 
 # Where a header backup is gone at the next boot, when it is needed most.
@@ -638,7 +658,9 @@ def normalize(config, systemd_version=None):
             volume["fs_dm_name"] = volume["lv_dm_name"]
         backups = config.get("header_backup", {}).get("directory")
         for crypt in volume["crypt"]:
-            crypt["header_backup"] = f"{backups.rstrip('/')}/{crypt['name']}.luks-header" if backups else None
+            crypt["header_backup"] = (
+                f"{backups.rstrip('/')}/{crypt['name']}{HEADER_BACKUP_SUFFIX}" if backups else None
+            )
         # Safe mode off: every device this pillar names may be formatted.
         volume["may_format"] = list(volume["devices"]) if not config["safe_mode"] else volume["allow_format"]
         at_boot = AT_BOOT[volume["key"]["source"]]

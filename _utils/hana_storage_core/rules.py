@@ -8,7 +8,7 @@ not be gathered is ``{"error": "..."}`` and the rule that needs it says so.
 
 from typing import NamedTuple
 
-from . import stack
+from . import stack, tab
 
 
 class Fix(NamedTuple):
@@ -180,13 +180,14 @@ def tang_binding_matches(binding, tang):
     return tang_binding_verdict(binding, tang) == "matches"
 
 
-def header_backup_problem(fact, header, tang=None):
+def header_backup_problem(fact, header, tang=None, key_opens=()):
     """What is wrong with a header backup (hana_storage_host.header_backup) of the live LUKS
     ``header``: None, or {"code", "text", "rule"}.
 
     HANA-KEY-006 (auto: the fix makes a new backup, and replaces the old one only once the key is
     proven to open it): ``missing``, ``unreadable``, ``stale`` (the header gained keyslots, tokens
-    or flags since), ``exposed``. HANA-KEY-007 (manual: never replaced automatically, the backup
+    or flags since, or a keyslot the key opens was rewritten: ``key_opens``, see lost_keyslots),
+    ``exposed``. HANA-KEY-007 (manual: never replaced automatically, the backup
     may be the only way back): ``other_device`` (another UUID: a stray luksFormat) or
     ``keyslots_lost`` (keyslots the backup holds are gone from the header: erased, killed or
     overwritten, or removed on purpose by a rotation killed before its new backup). A lost
@@ -202,7 +203,7 @@ def header_backup_problem(fact, header, tang=None):
             "text": f"the header of another LUKS device (UUID {fact['uuid']}; the device's is {header['uuid']})",
             "rule": "HANA-KEY-007",
         }
-    lost = lost_keyslots(fact, header, tang)
+    lost = lost_keyslots(fact, header, tang, key_opens)
     if lost:
         return {
             "code": "keyslots_lost",
@@ -225,15 +226,31 @@ def header_backup_problem(fact, header, tang=None):
     return None
 
 
-def lost_keyslots(fact, header, tang=None):
+def lost_keyslots(fact, header, tang=None, key_opens=()):
     """The ids (in the backup) of the keyslots a header backup holds that the live ``header``
-    lacks, but for those of the backup's Clevis bindings to the pillar's ``tang`` servers."""
+    lacks, but for those of the backup's Clevis bindings to the pillar's ``tang`` servers, and
+    for a keyslot rewritten in place (the same id, a new salt: ``luksConvertKey``) that the
+    volume's key opens (``key_opens``: the live header's keyslot ids it opens): that one lost no
+    access. One rewritten with another passphrase (``luksChangeKey`` of someone else's) did."""
     live = {k.get("fingerprint") for k in header.get("keyslots", [])}
     rebindable = pillar_clevis_keyslots({"tokens": fact.get("tokens", [])}, tang)
+    still_opens = set(rewritten_keyslots(fact, header)) & {str(k) for k in key_opens}
     return [
         k["id"]
         for k in fact.get("keyslots", [])
-        if k["fingerprint"] not in live and str(k["id"]) not in rebindable
+        if k["fingerprint"] not in live and str(k["id"]) not in rebindable | still_opens
+    ]
+
+
+def rewritten_keyslots(fact, header):
+    """The ids (str) of the keyslots a header backup holds that the live ``header`` has under the
+    same id but rewritten (another fingerprint): whether the volume's key opens them decides
+    whether they were lost (lost_keyslots)."""
+    live = {str(k.get("id")): k.get("fingerprint") for k in header.get("keyslots", [])}
+    return [
+        str(k["id"])
+        for k in fact.get("keyslots", [])
+        if str(k["id"]) in live and live[str(k["id"])] != k["fingerprint"]
     ]
 
 
@@ -696,7 +713,8 @@ class VolumeAudit:
             return
         fact = self.facts.get("header_backups", {}).get(backup, {"exists": False})
         key = self.volume["key"]
-        problem = header_backup_problem(fact, header, key["tang"] if key["source"] == "tang" else None)
+        opens = (self.facts.get("rewritten_keyslots", {}).get(crypt_name) or {}).get("keyslots", [])
+        problem = header_backup_problem(fact, header, key["tang"] if key["source"] == "tang" else None, opens)
         if problem is None:
             return
         if problem["rule"] == "HANA-KEY-007":
@@ -953,7 +971,9 @@ class VolumeAudit:
             actual = f"/etc/fstab unreadable: {entries.get('error') if entries else 'not read'}"
             problems.append(actual)
         else:
-            entry = next((e for e in reversed(entries) if e["file"] == volume["mountpoint"]), None)
+            # the first entry of the mount point, as systemd's fstab-generator takes it
+            wanted = tab.mount_key(volume["mountpoint"])
+            entry = next((e for e in entries if tab.mount_key(e["file"]) == wanted), None)
             if entry is None:
                 actual = "no entry"
                 problems.append("no entry")

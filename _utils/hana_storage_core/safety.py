@@ -164,7 +164,7 @@ def layer_verdict(layer, probe, may_wipe, own_holders=(), own_vg=None, created_n
     ``layer``: ``luks`` (the LV above LVM), ``pv`` (an opened LUKS device below LVM, before
     pvcreate) or ``xfs`` (the filesystem device). ``own_holders``: the device-mapper names the
     plan puts on top of it; ``own_vg``: the volume's VG (``pv``); ``created_now``: this apply
-    created the device (``luks``: an LV that was not there before holds nothing of anyone's).
+    created the device (an LV that was not there before holds nothing of anyone's).
 
     Returns ``use`` (already done), ``create`` (format it), ``wipe`` or ``refuse``.
     """
@@ -179,11 +179,29 @@ def layer_verdict(layer, probe, may_wipe, own_holders=(), own_vg=None, created_n
     if alien:
         return _verdict(device, "refuse", "held", f"is in use by {', '.join(alien)}")
     blank = not types and not probe.get("pttype")
+    if layer in ("pv", "xfs") and blank:
+        # No signature is not "blank" here either: an opened LUKS device reads noise where nothing
+        # was written, and a filesystem whose magic was erased reads the same to blkid. Only noise
+        # the formula made (a LUKS device it formatted with nothing inside yet, an LV this apply
+        # created over such devices) or areas that read zero are blank.
+        if created_now:
+            return _verdict(device, "create", "created_now", "blank (created by this apply)")
+        if probe.get("payload_unused"):
+            return _verdict(
+                device, "create", "unused_luks", "blank (a LUKS device this formula formatted, unused since)"
+            )
+        unknown = _unknown_data(probe)
+        if unknown is None:
+            return _verdict(device, "create", "blank", "blank")
+        code, foreign = unknown
+        if layer == "pv" or not may_wipe:  # pvcreate has no leave to wipe: a PV is made on blank only
+            return _verdict(device, "refuse", code, foreign)
+        return _verdict(
+            device, "wipe", code, f"{foreign}; every device of the volume is allowed to be formatted"
+        )
     if layer == "pv":
         # Inside a LUKS device the key opens: what a former layout or a re-used key left there is
         # someone's data. pvcreate would wipe it, so only blank or our own VG's PV goes on.
-        if blank:
-            return _verdict(device, "create", "blank", "blank")
         if types == ["LVM2_member"] and probe.get("pv_vg") in ("", own_vg):
             return _verdict(device, "use", "own_pv", f"already a PV of {probe.get('pv_vg') or 'no VG yet'}")
         what = f"is a PV of volume group {probe.get('pv_vg')!r}" if types == ["LVM2_member"] else None
@@ -218,8 +236,6 @@ def layer_verdict(layer, probe, may_wipe, own_holders=(), own_vg=None, created_n
                 device, "create", "interrupted_mkfs", "an interrupted mkfs.xfs left an unfinished filesystem"
             )
         return _verdict(device, "use", "own_xfs", "already XFS")
-    elif blank:
-        return _verdict(device, "create", "blank", "blank")
     else:
         code, foreign = "foreign_signature", f"carries a {describe_signatures(probe)} signature"
     if may_wipe:

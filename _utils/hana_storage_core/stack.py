@@ -80,6 +80,18 @@ def _crypt_type(dm):
     return None
 
 
+def luks_uuid_of_crypt(dm_uuid):
+    """The LUKS UUID (dashed) of a LUKS mapping's dm UUID (``CRYPT-LUKS2-<32 hex>-<name>``),
+    None for any other device."""
+    parts = (dm_uuid or "").split("-")
+    if len(parts) < 4 or parts[0] != "CRYPT" or not parts[1].startswith("LUKS"):
+        return None
+    hexa = parts[2].lower()
+    if len(hexa) != 32 or any(c not in "0123456789abcdef" for c in hexa):
+        return None
+    return f"{hexa[:8]}-{hexa[8:12]}-{hexa[12:16]}-{hexa[16:20]}-{hexa[20:]}"
+
+
 def _path_name(device):
     return device.rsplit("/", 1)[-1] if device.startswith("/dev/") else None
 

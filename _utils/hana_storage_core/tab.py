@@ -1,7 +1,13 @@
 """/etc/crypttab, /etc/fstab and /proc/self/mountinfo: parsed and rendered. Pure code.
 
-Field escapes follow util-linux and the kernel: a space in a path is ``\\040``, a tab ``\\011``,
-a newline ``\\012``, a backslash ``\\134``.
+Field escapes in fstab and mountinfo follow util-linux and the kernel: a space in a path is
+``\\040``, a tab ``\\011``, a newline ``\\012``, a backslash ``\\134``. crypttab has none:
+systemd-cryptsetup-generator takes its fields as they stand (``hana\\137data`` is a mapping of
+that name), so they are read and written literally, and a field with whitespace cannot be written.
+
+A mount point is known to systemd by its simplified path (``/hana/data/``, ``/hana//data`` and
+``/hana/./data`` are one mount unit, and fstab-generator keeps the first entry of it):
+``mount_key`` is that path, and fstab entries are matched by it.
 """
 
 import re
@@ -31,18 +37,26 @@ def _fields(text, what):
             yield number, stripped.split()
 
 
+def mount_key(path):
+    """The mount point ``path`` as systemd names its mount unit: repeated slashes, ``.`` parts and
+    a trailing slash gone (``..`` stays: systemd refuses such a mount point)."""
+    if not path.startswith("/"):
+        return path
+    return "/" + "/".join(part for part in path.split("/") if part not in ("", "."))
+
+
 def parse_crypttab(text):
-    """[{name, device, keyfile, options: [...], line}] from /etc/crypttab."""
+    """[{name, device, keyfile, options: [...], line}] from /etc/crypttab (fields literal)."""
     entries = []
     for number, fields in _fields(text, "crypttab"):
         if len(fields) < 2 or len(fields) > 4:
             raise TabError(f"crypttab line {number}: expected 2 to 4 fields, got {len(fields)}")
-        keyfile = unescape(fields[2]) if len(fields) > 2 else "none"
+        keyfile = fields[2] if len(fields) > 2 else "none"
         options = fields[3].split(",") if len(fields) > 3 else []
         entries.append(
             {
-                "name": unescape(fields[0]),
-                "device": unescape(fields[1]),
+                "name": fields[0],
+                "device": fields[1],
                 "keyfile": keyfile,
                 "options": [o for o in options if o],
                 "line": number,
@@ -52,17 +66,24 @@ def parse_crypttab(text):
 
 
 def render_crypttab(name, device, keyfile, options):
-    return f"{escape(name)} {escape(device)} {escape(keyfile or 'none')} {','.join(options) or 'none'}"
+    fields = [name, device, keyfile or "none", ",".join(options) or "none"]
+    spaced = [f for f in fields if not f or any(c.isspace() for c in f)]
+    if spaced:
+        raise TabError(
+            f"a crypttab field cannot be empty or hold whitespace (systemd reads none): {spaced[0]!r}"
+        )
+    return " ".join(fields)
 
 
 def set_entry(text, kind, key, line):
     """(``text`` with the entry of ``key`` being ``line``, status): ``present`` when an entry of
     ``key`` reads as ``line`` already (spacing aside), ``change`` when one was rewritten, ``new``
     when ``line`` was appended. ``kind``: ``crypttab`` (``key`` is the mapping's name) or ``fstab``
-    (``key`` is the mount point). Every other line is kept byte for byte, comments and lines that
+    (``key`` is the mount point, matched as systemd does: ``mount_key``). Every other line is kept byte for byte, comments and lines that
     do not parse included; a second entry of ``key`` is dropped, as it could only contradict
     the first."""
     parse, field = {"crypttab": (parse_crypttab, "name"), "fstab": (parse_fstab, "file")}[kind]
+    same_key = (lambda k: mount_key(k) == mount_key(key)) if kind == "fstab" else (lambda k: k == key)
     wanted = parse(line)[0]
     lines, found, same = text.splitlines(keepends=True), False, True
     result = []
@@ -71,7 +92,7 @@ def set_entry(text, kind, key, line):
             entries = parse(raw)
         except TabError:
             entries = []  # not an entry: nobody's, kept
-        if not entries or entries[0][field] != key:
+        if not entries or not same_key(entries[0][field]):
             result.append(raw)
             continue
         if found:

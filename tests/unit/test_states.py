@@ -38,7 +38,9 @@ def marks(tmp_path_factory):
 @pytest.fixture
 def salt_functions(marks):
     return {
-        "hana_storage_host.format_marker": lambda uuid: str(marks / uuid),
+        "hana_storage_host.format_marker": lambda uuid, stage="header": str(
+            marks / (uuid + {"header": "", "payload": ".payload"}[stage])
+        ),
         "mount.remount": MagicMock(return_value=True),
         "mount.mount": MagicMock(return_value=True),
         "hana_storage_host.xfs_superblock": MagicMock(return_value={"uuid": "1234-abcd"}),
@@ -646,11 +648,13 @@ def test_luks_formatted_marks_its_luksformat_until_it_returned(salt_functions, l
 
     salt_functions["cmd.run_all"].side_effect = luks_format
     assert states.luks_formatted(LV, "/k", LUKS, "hana_data")["result"] is True
-    (uuid,) = present[0]
+    uuid, payload = present[0]
+    assert payload == f"{uuid}.payload"
     assert argvs_run(salt_functions)[0][-3:] == ["--uuid", uuid, LV]
-    assert list(marks.iterdir()) == []  # it returned: the header has its keyslot
+    # it returned: the header has its keyslot; nothing is inside yet
+    assert [p.name for p in marks.iterdir()] == [payload]
     assert states.luks_formatted(LV, "/k", LUKS, "hana_data")["result"] is False
-    assert [p.name for p in marks.iterdir()] == present[1]  # a failed one keeps its mark
+    assert [p.name for p in sorted(marks.iterdir())] == present[1]  # a failed one keeps its marks
 
 
 @pytest.fixture
@@ -1480,10 +1484,14 @@ def run_cryptsetup(argv, **_kwargs):
     return {"retcode": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
 
 
-def backup_state(host, backup, image):
-    return states.core.rules.header_backup_problem(
-        host.header_backup(str(backup)), host.luks_header(str(image))
-    )
+def backup_state(host, backup, image, key_file=None):
+    """The audit's view of a header backup; with ``key_file``, as the host's facts give it: the
+    keyslots that key opens where the live header rewrote one of the backup's."""
+    fact, live = host.header_backup(str(backup)), host.luks_header(str(image))
+    opens = []
+    if key_file and fact.get("exists") and states.core.rules.rewritten_keyslots(fact, live):
+        opens = host.key_slots(str(image), str(key_file))["keyslots"]
+    return states.core.rules.header_backup_problem(fact, live, None, opens)
 
 
 def add_keyslot(image, keyfile):
@@ -2019,8 +2027,9 @@ def test_a_keyslot_converted_in_place_is_not_a_lost_keyslot(real_headers, make_l
     cryptsetup_run("luksConvertKey", "--pbkdf", "argon2id", "--pbkdf-memory", "8192",
                    "--pbkdf-force-iterations", "4", "--pbkdf-parallel", "1", "--key-file", str(keyfile),
                    str(image))  # fmt: skip
-    problem = backup_state(real_headers, backup, image)
+    problem = backup_state(real_headers, backup, image, keyfile)
     assert problem is None or problem["rule"] != "HANA-KEY-007", problem
+    assert backup_state(real_headers, backup, image)["rule"] == "HANA-KEY-007"  # unless the key opens it
     ret = states.header_backed_up(str(image), str(backup), str(keyfile))
     assert ret["result"] is True, ret
     assert backup_state(real_headers, backup, image) is None
@@ -2050,7 +2059,7 @@ def test_the_header_copy_in_memory_is_bounded_by_the_header_not_the_data_offset(
     monkeypatch.setattr(states.core.files, "memory_copy", memory_copy)
     with contextlib.suppress(MemoryError):
         states.header_backed_up(str(image), str(tmp_path / "b" / "hana_data.luks-header"), str(keyfile))
-    assert asked and max(asked) <= real_headers.KEY_TEST_MAX_HEADER, f"{max(asked) >> 20} MiB in memory"
+    assert asked and max(asked) <= states.core.luks.MAX_HEADER_BYTES, f"{max(asked) >> 20} MiB in memory"
 
 
 def test_mounted_replaces_an_fstab_entry_that_names_the_mountpoint_another_way(
@@ -2132,3 +2141,19 @@ def test_pvcreate_never_runs_on_what_a_key_opened_that_holds_data_without_a_sign
     salt_functions["hana_storage_host.probe"].return_value = {inner: probe(inner, data_at=data_at)}
     ret = states.pv_safe(inner, "vg_hana_log", lv_dm_name="vg_hana_log-lv_hana_log")
     assert ret["result"] is False, ret
+
+
+def test_a_keyslot_rewritten_with_another_passphrase_is_lost(real_headers, make_luks, keyfile, tmp_path):
+    """The other side of the one above: luksChangeKey of the volume key's keyslot to a passphrase
+    the pillar does not know keeps the id and loses the key's access: HANA-KEY-007, and the
+    backup (the only way back for the key) is not replaced."""
+    image, backup = make_luks(kdf="pbkdf2"), tmp_path / "hana_data.luks-header"
+    assert states.header_backed_up(str(image), str(backup), str(keyfile))["result"] is True
+    other = tmp_path / "other.key"
+    other.write_bytes(os.urandom(64))
+    cryptsetup_run("luksChangeKey", "--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000",
+                   "--key-file", str(keyfile), str(image), str(other))  # fmt: skip
+    assert backup_state(real_headers, backup, image, keyfile)["rule"] == "HANA-KEY-007"
+    before = backup.read_bytes()
+    ret = states.header_backed_up(str(image), str(backup), str(keyfile))
+    assert ret["result"] is False and backup.read_bytes() == before, ret

@@ -16,6 +16,8 @@ hana-storage-{{ name }}-mkfs:
     - may_wipe: {{ volume.may_format | length == volume.devices | length }}
 {%-     if above %}
     - opened_by: hana-storage-{{ name }}-open-0
+{%-     else %}
+    - created_by: hana-storage-{{ name }}-lv
 {%-     endif %}
     - require:
       - hana_storage: hana-storage-{{ name }}-{{ 'open-0' if above else 'lv-active' }}
