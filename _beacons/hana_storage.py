@@ -557,31 +557,37 @@ class FullAudit:
     the tick reported, and would otherwise report it resolved.
     """
 
-    def __init__(self, audit):
+    def __init__(self, audit, record=None):
         # the baseline for mount-table changes, read before the audit: a change while it runs
         # is then seen by the next tick, never folded unseen into the baseline
         self.mounts = _read_mounts()
         self.newer = {}  # volume -> its entry in the tick's report (None: no longer in the pillar)
         self.report = self.error = self.seconds = None
-        self._start(audit)
+        self._start(audit, record)
 
-    def _start(self, audit):
+    def _start(self, audit, record):
         # the loader's context goes with the call (Salt keeps it in contextvars)
         self.thread = threading.Thread(
             target=contextvars.copy_context().run,
-            args=(self.run, audit),
+            args=(self.run, audit, record),
             name="hana_storage-full-audit",
             daemon=True,  # never holds up a minion that stops
         )
         self.thread.start()
 
-    def run(self, audit):
+    def run(self, audit, record=None):
+        """The audit; then ``record`` (hana_storage.scap_record) keeps it for SCAP scans."""
         started = time.monotonic()
         try:
             self.report = audit(volumes=None)
         except Exception as error:  # noqa: BLE001 - the tick that collects it reports it
             self.error = error
         self.seconds = time.monotonic() - started
+        if record is not None and self.report is not None:
+            try:
+                record(report=self.report)
+            except Exception as error:  # noqa: BLE001 - SCAP's status goes stale; the beacon goes on
+                log.error("hana_storage beacon: the audit was not recorded for SCAP: %s", error)
 
     def done(self):
         return not self.thread.is_alive()
@@ -620,7 +626,9 @@ def beacon(config):
         state["next_full"] = None  # due now, or as soon as the one running ends
     full = state.get("full")  # .get: a context kept from a beacon without threads
     if full is None and (state["next_full"] is None or now >= state["next_full"]):
-        state["full"] = full = FullAudit(__salt__["hana_storage.audit"])
+        state["full"] = full = FullAudit(
+            __salt__["hana_storage.audit"], __salt__.get("hana_storage.scap_record")
+        )
         state["next_full"] = now + config["full_audit_interval"]
     out = []
     scope, trigger = _kernel_scope(state, devices, mounts_changed, now)

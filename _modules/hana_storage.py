@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import secrets
+import time
 
 import hana_storage_core as core  # the loader puts its utils directories on sys.path while loading this
 import salt.utils.args
@@ -289,6 +290,71 @@ def audit(pillar=None, volumes=None):
     for name, disks in facts["disks"].items():  # kernel names, for the beacon to map uevents
         report["volumes"][name]["disks"] = disks
     return report
+
+
+def scap_record(report=None, pillar=None):
+    """
+    Record an audit where the formula's SCAP data stream reads it, when
+    ``hana:storage:compliance:scap`` is enabled: the status file
+    /var/lib/hana-storage/audit.status (rule IDs, volume and device names, the boot and the
+    uptime until which it counts; never key material), replaced whole. The beacon records each
+    of its full audits; where no beacon runs, call it before a scan.
+
+    report
+        A full audit's report (``audit``'s); default: a new full audit.
+
+    Returns ``{"written": the file or None, "error": why not, or None, "compliant"}``.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' hana_storage.scap_record
+    """
+    plan = _plan(pillar)
+    report = audit(pillar) if report is None else report
+    scap = plan["compliance"]["scap"]
+    result = {"written": None, "error": None, "compliant": report["compliant"]}
+    if not scap["enabled"]:
+        return result
+    ignored = set(plan["compliance"].get("ignore_rules", []))
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
+            boot_id = handle.read().strip()
+        with open("/proc/uptime", encoding="ascii") as handle:
+            uptime = float(handle.read().split()[0])
+        text = core.scap.status_text(
+            report,
+            checked=[rule for rule in core.rules.RULES if rule not in ignored],
+            host=__opts__.get("id", ""),
+            audited=time.time(),
+            boot_id=boot_id,
+            uptime=uptime,
+            max_age=scap["max_age"],
+        )
+        os.makedirs(os.path.dirname(core.scap.STATUS), mode=0o755, exist_ok=True)
+        core.files.replace_file(core.scap.STATUS, text.encode(), mode=0o644)
+    except (OSError, ValueError, IndexError) as error:
+        log.error("hana_storage: cannot record the audit for SCAP in %s: %s", core.scap.STATUS, error)
+        return dict(result, error=f"{core.scap.STATUS}: {error}")
+    return dict(result, written=core.scap.STATUS)
+
+
+def scap_datastream():
+    """
+    The formula's SCAP 1.3 source data stream (text): an XCCDF 1.2 benchmark with the profile
+    ``xccdf_org.hana-storage-formula_profile_hana_storage``, one rule per audit rule, each with
+    its references to the controls it evidences, checked by OVAL over the status file
+    ``record_audit`` writes. ``hana.storage.compliance`` puts it at
+    /usr/share/xml/scap/hana-storage/hana-storage-ds.xml.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' hana_storage.scap_datastream
+    """
+    return core.scap.datastream(core.VERSION)
 
 
 # ---- remediation -----------------------------------------------------------------------------

@@ -1181,3 +1181,36 @@ def _live_mount(mountpoint):
 def _dev_of(path):
     rdev = os.stat(path).st_rdev
     return f"{os.major(rdev)}:{os.minor(rdev)}"
+
+
+# ---- SCAP ------------------------------------------------------------------------------------
+
+
+def scap_datastream(name):
+    """
+    ``name`` holds the formula's SCAP source data stream (hana_storage.scap_datastream), root's
+    and readable by all (it holds no secret; scanners run as root). A data stream in place that
+    differs only by when it was made is current: nothing is written.
+    """
+    ret = _ret(name)
+    try:
+        with open(name, encoding="utf-8") as handle:
+            existing = handle.read()
+    except FileNotFoundError:
+        existing = None
+    except (OSError, UnicodeDecodeError) as error:
+        return _done(ret, f"cannot read {name}: {error}", result=False)
+    when = core.scap.generated_at(existing) if existing else None
+    if existing is not None and when and existing == core.scap.datastream(core.VERSION, generated=when):
+        if os.stat(name).st_mode & 0o7777 == 0o644:
+            return _done(ret, f"{name} is the SCAP data stream of hana-storage-formula {core.VERSION}")
+    verb = "update" if existing is not None else "install"
+    if __opts__["test"]:
+        return _would(ret, f"would {verb} the SCAP data stream {name} (hana-storage-formula {core.VERSION})")
+    try:
+        os.makedirs(os.path.dirname(name), mode=0o755, exist_ok=True)
+        core.files.replace_file(name, core.scap.datastream(core.VERSION).encode(), mode=0o644)
+    except OSError as error:
+        return _done(ret, f"cannot write {name}: {error}", result=False)
+    done = {"install": "installed", "update": "updated"}[verb]
+    return _done(ret, f"{done} the SCAP data stream {name}", datastream={done: name, "version": core.VERSION})

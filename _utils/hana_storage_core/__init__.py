@@ -22,6 +22,7 @@ import sys
 
 from . import (  # noqa: F401 - the package's modules, as core.<module> for its users
     commands,
+    controls,
     crypto,
     dm,
     events,
@@ -34,6 +35,7 @@ from . import (  # noqa: F401 - the package's modules, as core.<module> for its 
     report,
     rules,
     safety,
+    scap,
     signing,
     stack,
     store,
@@ -41,6 +43,7 @@ from . import (  # noqa: F401 - the package's modules, as core.<module> for its 
     xfs,
 )
 
+VERSION = "0.3.0"  # the formula's (FORMULA's version): in the SCAP data stream and the evidence report
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 

@@ -8,7 +8,7 @@ not be gathered is ``{"error": "..."}`` and the rule that needs it says so.
 
 from typing import NamedTuple
 
-from . import stack, tab
+from . import controls, stack, tab
 
 
 class Fix(NamedTuple):
@@ -27,11 +27,15 @@ class Fix(NamedTuple):
 
 
 class Rule(NamedTuple):
-    """A rule: its severity, what fails, and its fix (None: manual, an admin decides)."""
+    """A rule: its severity, what fails, its fix (None: manual, an admin decides), why it matters
+    (``rationale``) and the controls it gives evidence for (``controls``: keys of
+    controls.CONTROLS). The SCAP data stream, the evidence report and the README read them here."""
 
     severity: str
     title: str
     fix: Fix | None = None
+    rationale: str = ""
+    controls: tuple = ()
 
     @property
     def remediation(self):
@@ -92,48 +96,204 @@ KEY_FILE = Fix(
     {"name": "volume.key.file", "source": "volume.key.store", "pillar_path": "volume.key.pillar"},
 )
 
+AT_REST, KEYS, ENCRYPTED = controls.AT_REST, controls.KEYS, controls.ENCRYPTED_PARTITIONS
+STORAGE = ("SAP-STORAGE", "CM-6")
+
 RULES = {
-    "HANA-ENC-001": Rule("critical", "a HANA mount is backed by a stack with no crypt target"),
-    "HANA-ENC-002": Rule("high", "LUKS version is not 2"),
-    "HANA-ENC-003": Rule("critical", "cipher differs from policy"),
-    "HANA-ENC-004": Rule("high", "key size below policy"),
-    "HANA-ENC-005": Rule("high", "crypt mapping with no (readable) LUKS header"),
-    "HANA-ENC-006": Rule("medium", "keyslot KDF weaker than policy"),
-    "HANA-ENC-007": Rule("high", "one LUKS2 header copy is damaged (degraded)"),
-    "HANA-PERF-001": Rule("medium", "LUKS sector size differs from policy"),
-    "HANA-PERF-002": Rule("medium", "active dm-crypt flags differ from policy", CRYPT_FLAGS),
-    "HANA-PERF-003": Rule("low", "persistent LUKS2 header flags differ from policy", CRYPT_FLAGS),
-    "HANA-PERF-004": Rule("medium", "allow_discards differs from policy", CRYPT_FLAGS),
+    "HANA-ENC-001": Rule(
+        "critical",
+        "a HANA mount is backed by a stack with no crypt target",
+        rationale="Data of the volume reaches a disk in the clear: a disk taken out of the array, or a "
+        "snapshot of the LUN, gives it away.",
+        controls=(*AT_REST, *ENCRYPTED),
+    ),
+    "HANA-ENC-002": Rule(
+        "high",
+        "LUKS version is not 2",
+        rationale="LUKS1 keeps no persistent dm-crypt flags and protects its keyslots with PBKDF2 only.",
+        controls=(*AT_REST, "SC-13"),
+    ),
+    "HANA-ENC-003": Rule(
+        "critical",
+        "cipher differs from policy",
+        rationale="A cipher other than the policy's (AES-XTS) may be weaker or unapproved.",
+        controls=(*AT_REST, "SC-13"),
+    ),
+    "HANA-ENC-004": Rule(
+        "high",
+        "key size below policy",
+        rationale="A shorter key than the policy's gives less protection than was decided.",
+        controls=(*AT_REST, "SC-13", "PCI-3.7.1"),
+    ),
+    "HANA-ENC-005": Rule(
+        "high",
+        "crypt mapping with no (readable) LUKS header",
+        rationale="Plain dm-crypt, or LUKS whose header cannot be read, has no keyslots to manage: its key "
+        "cannot be rotated, backed up or audited.",
+        controls=(*AT_REST, *KEYS),
+    ),
+    "HANA-ENC-006": Rule(
+        "medium",
+        "keyslot KDF weaker than policy",
+        rationale="A keyslot with a cheap key derivation makes guessing its passphrase cheaper.",
+        controls=("SC-13", "IA-5", "PCI-3.6.1"),
+    ),
+    "HANA-ENC-007": Rule(
+        "high",
+        "one LUKS2 header copy is damaged (degraded)",
+        rationale="LUKS2 keeps two copies of its header; with one damaged, the next damage loses the volume key "
+        "and the data.",
+        controls=("SC-28", "CP-9", "SI-7"),
+    ),
+    "HANA-PERF-001": Rule(
+        "medium",
+        "LUKS sector size differs from policy",
+        rationale="512-byte encryption sectors cost HANA's large I/O several times the work of 4 KiB ones.",
+        controls=STORAGE,
+    ),
+    "HANA-PERF-002": Rule(
+        "medium",
+        "active dm-crypt flags differ from policy",
+        CRYPT_FLAGS,
+        rationale="Without no_read_workqueue and no_write_workqueue every I/O waits for dm-crypt's work queues: "
+        "HANA's log writes slow down.",
+        controls=(*STORAGE, "SAP-HCMT"),
+    ),
+    "HANA-PERF-003": Rule(
+        "low",
+        "persistent LUKS2 header flags differ from policy",
+        CRYPT_FLAGS,
+        rationale="Flags not stored in the header are lost at the next open, after a reboot.",
+        controls=STORAGE,
+    ),
+    "HANA-PERF-004": Rule(
+        "medium",
+        "allow_discards differs from policy",
+        CRYPT_FLAGS,
+        rationale="Discards through dm-crypt reveal which blocks are free, where the policy says they must not.",
+        controls=("SC-28", "CM-6"),
+    ),
     "HANA-PERF-005": Rule(
-        "medium", "the kernel's xts(aes) driver is a generic one, not a hardware-accelerated one"
+        "medium",
+        "the kernel's xts(aes) driver is a generic one, not a hardware-accelerated one",
+        rationale="Without AES instructions encryption costs several times the CPU, and HANA's I/O waits for it.",
+        controls=(*STORAGE, "SAP-HCMT"),
     ),
-    "HANA-LAYOUT-001": Rule("medium", "LV stripe count or stripe size differs from pillar"),
-    "HANA-LAYOUT-002": Rule("medium", "encryption at the other layer than the pillar says"),
-    "HANA-LAYOUT-003": Rule("low", "XFS sunit/swidth do not match the stripe geometry"),
-    "HANA-LAYOUT-004": Rule("high", "a device of the stack is missing or suspended"),
+    "HANA-LAYOUT-001": Rule(
+        "medium",
+        "LV stripe count or stripe size differs from pillar",
+        rationale="A volume striped otherwise than sized spreads HANA's I/O over fewer LUNs than planned.",
+        controls=STORAGE,
+    ),
+    "HANA-LAYOUT-002": Rule(
+        "medium",
+        "encryption at the other layer than the pillar says",
+        rationale="The layout differs from the design that was approved and that key management expects.",
+        controls=("SC-28", "CM-6"),
+    ),
+    "HANA-LAYOUT-003": Rule(
+        "low",
+        "XFS sunit/swidth do not match the stripe geometry",
+        rationale="An XFS not aligned to the stripe splits writes across stripes.",
+        controls=(*STORAGE, "SAP-405827"),
+    ),
+    "HANA-LAYOUT-004": Rule(
+        "high",
+        "a device of the stack is missing or suspended",
+        rationale="I/O to the volume stalls or fails.",
+        controls=STORAGE,
+    ),
     "HANA-LAYOUT-005": Rule(
-        "high", "a LUKS device or PV sits on one path of a multipath LUN, not on its map"
+        "high",
+        "a LUKS device or PV sits on one path of a multipath LUN, not on its map",
+        rationale="When that path fails, I/O fails although the LUN is still reachable over the others.",
+        controls=STORAGE,
     ),
-    "HANA-LAYOUT-006": Rule("medium", "the pillar names a device by a name that can change across boots"),
-    "HANA-LAYOUT-007": Rule("high", "LVM scans the paths of a multipath LUN whose map is a PV (duplicates)"),
-    "HANA-PERSIST-001": Rule("high", "crypttab entry missing or different", CRYPTTAB),
-    "HANA-PERSIST-002": Rule("medium", "fstab entry or live mount options differ", MOUNT),
-    "HANA-KEY-001": Rule("high", "key file readable by others than root", KEY_FILE),
-    "HANA-MOUNT-001": Rule("high", "a HANA mountpoint is not mounted"),
-    "HANA-KEY-002": Rule("high", "a device of a Tang volume has no Clevis binding", TANG_BINDING),
+    "HANA-LAYOUT-006": Rule(
+        "medium",
+        "the pillar names a device by a name that can change across boots",
+        rationale="A kernel name may name another disk after a reboot: the formula would act on the wrong one.",
+        controls=("CM-6",),
+    ),
+    "HANA-LAYOUT-007": Rule(
+        "high",
+        "LVM scans the paths of a multipath LUN whose map is a PV (duplicates)",
+        rationale="LVM sees each PV twice and may use a single path, or refuse the volume group.",
+        controls=STORAGE,
+    ),
+    "HANA-PERSIST-001": Rule(
+        "high",
+        "crypttab entry missing or different",
+        CRYPTTAB,
+        rationale="The volume does not open at boot as designed (or opens without its flags).",
+        controls=("SC-28", "CM-6"),
+    ),
+    "HANA-PERSIST-002": Rule(
+        "medium",
+        "fstab entry or live mount options differ",
+        MOUNT,
+        rationale="The volume is not mounted at boot, or runs with other options than sized for.",
+        controls=STORAGE,
+    ),
+    "HANA-KEY-001": Rule(
+        "high",
+        "key file readable by others than root",
+        KEY_FILE,
+        rationale="Whoever reads the key file can decrypt the volume.",
+        controls=(*KEYS, "PCI-3.7.3"),
+    ),
+    "HANA-MOUNT-001": Rule(
+        "high",
+        "a HANA mountpoint is not mounted",
+        rationale="HANA would write to the root file system beneath the mountpoint: unencrypted, unsized.",
+        controls=("SC-28", *STORAGE),
+    ),
+    "HANA-KEY-002": Rule(
+        "high",
+        "a device of a Tang volume has no Clevis binding",
+        TANG_BINDING,
+        rationale="The volume does not unlock at boot from the key servers, only with the recovery key.",
+        controls=(*KEYS, "PCI-3.7.2"),
+    ),
     "HANA-KEY-003": Rule(
-        "high", "a Clevis binding names other Tang servers or another threshold than the pillar"
+        "high",
+        "a Clevis binding names other Tang servers or another threshold than the pillar",
+        rationale="A binding the pillar does not name is a way to the key outside the key store.",
+        controls=(*KEYS, "PCI-3.7.7"),
     ),
     "HANA-KEY-004": Rule(
-        "medium", "a Clevis binding was made with a Tang signing key the pillar no longer names", TANG_BINDING
+        "medium",
+        "a Clevis binding was made with a Tang signing key the pillar no longer names",
+        TANG_BINDING,
+        rationale="After the Tang server's keys were rotated, the binding still depends on the retired key.",
+        controls=(*KEYS, "PCI-3.7.4"),
     ),
-    "HANA-KEY-005": Rule("high", "a keyslot opens the volume that the pillar does not account for"),
-    "HANA-KEY-006": Rule("medium", "no current, root-only LUKS header backup", HEADER_BACKUP),
+    "HANA-KEY-005": Rule(
+        "high",
+        "a keyslot opens the volume that the pillar does not account for",
+        rationale="A passphrase or token nobody accounts for opens the volume without the key store: a back door.",
+        controls=(*KEYS, "IA-5", "PCI-3.7.7"),
+    ),
+    "HANA-KEY-006": Rule(
+        "medium",
+        "no current, root-only LUKS header backup",
+        HEADER_BACKUP,
+        rationale="The header holds the only copies of the volume key: lose it, and every byte of the volume is "
+        "lost, whatever keys are kept.",
+        controls=("CP-9", "SC-12"),
+    ),
     "HANA-KEY-007": Rule(
-        "critical", "the LUKS header lost what its backup holds (another UUID, keyslots gone): restore it"
+        "critical",
+        "the LUKS header lost what its backup holds (another UUID, keyslots gone): restore it",
+        rationale="The header was erased, overwritten or lost its key's keyslot: its backup may be the only way "
+        "back to the data.",
+        controls=("CP-9", "SC-12", "SI-7"),
     ),
     "HANA-KEY-008": Rule(
-        "medium", "the pillar still names a previous key that opens no keyslot (rotation ended)"
+        "medium",
+        "the pillar still names a previous key that opens no keyslot (rotation ended)",
+        rationale="A retired key left in the pillar keeps key material in circulation after its cryptoperiod.",
+        controls=(*KEYS, "PCI-3.7.5"),
     ),
 }
 

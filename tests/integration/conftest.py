@@ -18,7 +18,10 @@ def pillar_tree(tmp_path_factory):
 
 @pytest.fixture(scope="package")
 def master(salt_factories, pillar_tree):
-    factory = salt_factories.salt_master_daemon("hana-master", overrides=formula_master(pillar_tree))
+    # file_recv: the openscap module pushes its results to the master (tests/integration/test_openscap_minion.py)
+    factory = salt_factories.salt_master_daemon(
+        "hana-master", overrides=formula_master(pillar_tree, file_recv=True)
+    )
     with factory.started(start_timeout=120):
         yield factory
 

@@ -104,7 +104,8 @@ def test_packages_for_this_host_through_real_salt(minion, set_pillar):
     ret = minion.salt_call_cli(timeout=300).run("state.sls", "hana.storage.packages", test=True)
     states = {s["__id__"]: s for s in ret.data.values()}
     debian_map = yaml.safe_load((REPO / "salt/hana/storage/parameters/os_family/Debian.yaml").read_text())
-    missing = {pkg for pkg in debian_map["packages"]["system"] if not dpkg_installed(pkg)}
+    wanted = debian_map["packages"]["system"] + debian_map["packages"]["scap"]  # compliance:scap is on
+    missing = {pkg for pkg in wanted if not dpkg_installed(pkg)}
     system = states["hana-storage-packages"]
     assert set(system["changes"]) == missing, system
     assert system["result"] is (None if missing else True), system

@@ -123,8 +123,8 @@ def full_audits_in_the_tick(beacon):
     tick reports is then certain. tests/unit/test_beacon_state.py runs the thread itself."""
 
     class InTheTick(beacon.FullAudit):
-        def _start(self, audit):
-            self.run(audit)
+        def _start(self, audit, record):
+            self.run(audit, record)
 
         def done(self):
             return True

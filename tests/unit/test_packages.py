@@ -7,10 +7,12 @@ import salt.utils.yaml
 from tests.support.sls import render
 
 EXPECT = {
-    "Suse": ["cryptsetup", "lvm2", "xfsprogs", "device-mapper", "multipath-tools", "fio"],
-    "RedHat": ["cryptsetup", "lvm2", "xfsprogs", "device-mapper", "device-mapper-multipath", "fio"],
-    "Debian": ["cryptsetup-bin", "lvm2", "xfsprogs", "dmsetup", "multipath-tools", "fio"],
-}
+    "Suse": ["cryptsetup", "lvm2", "xfsprogs", "device-mapper", "multipath-tools", "fio", "openscap-utils"],
+    "RedHat": [
+        "cryptsetup", "lvm2", "xfsprogs", "device-mapper", "device-mapper-multipath", "fio", "openscap-scanner"
+    ],
+    "Debian": ["cryptsetup-bin", "lvm2", "xfsprogs", "dmsetup", "multipath-tools", "fio", "openscap-scanner"],
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("family", sorted(EXPECT))
@@ -20,6 +22,12 @@ def test_each_family_gets_its_own_package_names_and_pip_for_salts_python(tmp_pat
     assert {"pkgs": EXPECT[family]} in packages and {"reload_modules": True} in packages
     python = states["hana-storage-python-libraries"]["pip.installed"]
     assert {"pkgs": ["jsonschema", "pyroute2"]} in python
+
+
+def test_the_scap_scanner_only_while_compliance_scap_is_enabled(tmp_path):
+    off = {"hana": {"storage": {"compliance": {"scap": {"enabled": False}}}}}
+    states = salt.utils.yaml.safe_load(render(tmp_path, "packages.sls", "Suse", pillar=off))
+    assert {"pkgs": EXPECT["Suse"][:-1]} in states["hana-storage-packages"]["pkg.installed"]
 
 
 @pytest.mark.parametrize("family", ["Suse", "RedHat"])
@@ -33,7 +41,7 @@ def test_salt_on_the_system_python_gets_distribution_packages_not_pip(tmp_path, 
 def test_the_pillar_overrides_the_map(tmp_path):
     pillar = {"hana": {"storage": {"packages": {"system": ["cryptsetup"], "python": ["jsonschema<5"]}}}}
     states = salt.utils.yaml.safe_load(render(tmp_path, "packages.sls", "Suse", pillar=pillar))
-    assert {"pkgs": ["cryptsetup"]} in states["hana-storage-packages"]["pkg.installed"]
+    assert {"pkgs": ["cryptsetup", "openscap-utils"]} in states["hana-storage-packages"]["pkg.installed"]
     assert {"pkgs": ["jsonschema<5"]} in states["hana-storage-python-libraries"]["pip.installed"]
     off = {"hana": {"storage": {"packages": {"install": False}}}}
     states = salt.utils.yaml.safe_load(render(tmp_path, "packages.sls", "Suse", pillar=off))
@@ -64,4 +72,5 @@ def test_clevis_is_installed_only_where_a_volume_uses_tang(tmp_path, family, whe
     states = salt.utils.yaml.safe_load(
         render(tmp_path, "packages.sls", family, pillar={"hana": {"storage": storage}})
     )
-    assert {"pkgs": EXPECT[family] + CLEVIS[family]} in states["hana-storage-packages"]["pkg.installed"]
+    wanted = EXPECT[family][:-1] + CLEVIS[family] + EXPECT[family][-1:]  # the SCAP scanner last
+    assert {"pkgs": wanted} in states["hana-storage-packages"]["pkg.installed"]

@@ -2157,3 +2157,24 @@ def test_a_keyslot_rewritten_with_another_passphrase_is_lost(real_headers, make_
     before = backup.read_bytes()
     ret = states.header_backed_up(str(image), str(backup), str(keyfile))
     assert ret["result"] is False and backup.read_bytes() == before, ret
+
+
+def test_the_scap_data_stream_is_put_in_place_once(tmp_path, salt_functions, opts):
+    """Installed root's and readable (scanners and SUSE Manager read it), then left alone: a data
+    stream that differs only by when it was made is current; test=True writes nothing."""
+    name = str(tmp_path / "scap" / "hana-storage-ds.xml")
+    opts["test"] = True
+    ret = states.scap_datastream(name)
+    assert ret["result"] is None and not os.path.exists(name), ret
+    opts["test"] = False
+    ret = states.scap_datastream(name)
+    assert ret["result"] is True and ret["changes"]["datastream"]["installed"] == name, ret
+    assert os.stat(name).st_mode & 0o7777 == 0o644
+    first = open(name, encoding="utf-8").read()
+    ret = states.scap_datastream(name)
+    assert ret["result"] is True and ret["changes"] == {}, ret
+    assert open(name, encoding="utf-8").read() == first
+    with open(name, "a", encoding="utf-8") as handle:
+        handle.write("<!-- changed -->\n")
+    ret = states.scap_datastream(name)
+    assert ret["changes"]["datastream"]["updated"] == name, ret

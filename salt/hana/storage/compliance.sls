@@ -1,7 +1,8 @@
 # -*- coding: utf-8 -*-
 # vim: ft=sls
 # The compliance beacon, configured from hana:storage:compliance:beacon (salt's beacon.present,
-# saved to the minion's beacons.conf). Needs a running salt-minion: a masterless salt-call skips it.
+# saved to the minion's beacons.conf; needs a running salt-minion: a masterless salt-call skips
+# it), and the SCAP data stream (hana:storage:compliance:scap).
 ---
 {%- from "hana/storage/map.jinja" import hana_storage with context %}
 {%- if hana_storage.valid %}
@@ -29,5 +30,22 @@ hana-storage-beacon:
   beacon.absent:
     - name: hana_storage
     - save: true
+{%-   endif %}
+{%-   if hana_storage.config.compliance.scap.enabled %}
+
+# The SCAP data stream SUSE Manager's Audit > OpenSCAP (Salt's openscap.xccdf) evaluates; its
+# checks read the audit the beacon records (hana_storage.scap_record).
+hana-storage-scap-datastream:
+  hana_storage.scap_datastream:
+    - name: /usr/share/xml/scap/hana-storage/hana-storage-ds.xml
+    - require:
+      - hana_storage: hana-storage-pillar-valid
+{%-   else %}
+
+hana-storage-scap-datastream:
+  file.absent:
+    - names:
+      - /usr/share/xml/scap/hana-storage/hana-storage-ds.xml
+      - /var/lib/hana-storage/audit.status
 {%-   endif %}
 {%- endif %}
