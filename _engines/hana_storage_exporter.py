@@ -229,7 +229,8 @@ class Metrics:
 
 class StoreTallies:
     """``hana_storage_triage_actions_total{action,rule}`` out of ``read()`` (the triage runner's
-    ``tallies``: {"<action>|<rule>": count}) at each scrape."""
+    ``tallies``: {"<action>|<rule>": count}) at each scrape. The store reads only the fields
+    triage makes (the store's ``known_tallies``), so whoever writes to Redis names no series."""
 
     def __init__(self, read):
         self.read = read

@@ -327,6 +327,25 @@ def test_counts_written_before_the_log_are_kept(tmp_path):
     assert local.tallies() == {"alerted|HANA-ENC-001": 8, "remediated|HANA-PERF-002": 2}
 
 
+def test_only_the_fields_triage_tallies_are_read(tmp_path, caplog):
+    """The tallies are the exporter's series: a field that is not an action of triage's on a rule
+    of the table, or a count that is not one, is dropped and logged once, never served."""
+    local = store.LocalStore(str(tmp_path))
+    alerted(local, "db1")
+    with open(tmp_path / "hana_storage" / "actions" / store.TALLY_LOG, "a") as log:
+        log.write("made-up|HANA-ENC-001\nalerted|RULE-0\nalerted\n")
+    assert local.tallies() == {"alerted|HANA-ENC-001": 1}
+    assert local.tallies() == {"alerted|HANA-ENC-001": 1}
+    assert caplog.text.count("not an action of triage's") == 1
+    assert store.known_tallies({b"remediated|HANA-PERF-002": b"2", b"alerted|HANA-KEY-001": b"x"}, "t") == {
+        "remediated|HANA-PERF-002": 2
+    }
+    assert store.tally_name("remediation-failed", "HANA-KEY-001") == "remediation-failed|HANA-KEY-001"
+    for action, rule in (("made-up", "HANA-KEY-001"), ("alerted", "RULE-0"), ("alerted", "a|b")):
+        with pytest.raises(ValueError):
+            store.tally_name(action, rule)
+
+
 # ---- the outbox ------------------------------------------------------------------------------------
 
 
