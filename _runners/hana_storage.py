@@ -509,7 +509,8 @@ def _renewing(minion, held):
 def _violation_finding(data):
     """The finding a violation event reports, with the occurrence it is (key, since)."""
     finding = {k: data.get(k) for k in FACTS}
-    finding["key"] = data.get("key") or core.events.finding_key(finding)
+    key = data.get("key")
+    finding["key"] = key if isinstance(key, str) and key else core.events.finding_key(finding)
     # the occurrence's first report (the beacon's since: the same on every master connection);
     # a beacon from before the field sends only ts, which is its since
     since = data.get("since")
@@ -621,7 +622,9 @@ def _handle(minion, findings, via):
         if rule not in known:
             results.append({"action": "ignored", "minion": minion, "reason": f"unknown rule {rule!r}"})
             continue
-        key, since = finding["key"], finding["since"]
+        # the key as sent, or its hash when it is longer than any the beacon makes: a minion names
+        # keys, and each is kept in its record
+        key, since = core.limits.finding_key(finding["key"]), finding["since"]
         facts = {k: finding.get(k) for k in FACTS}
         facts.update(severity=known[rule]["severity"], via=via, key=key, since=since)  # since: the occurrence
         alert = (

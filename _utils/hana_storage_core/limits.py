@@ -8,11 +8,23 @@ share one bucket and one report, and the number of keys stays that of the accept
 """
 
 import collections
+import hashlib
 import threading
 import time
 
 UNKNOWN = "*"  # the key of every claim naming no accepted minion (never an accepted id: "*" is refused)
 MAX_KEYS = 100_000  # keys remembered; the least recently used goes first (its bucket starts full again)
+# A finding's key as the beacon makes it (core.events.finding_key) is ``rule|volume|device``: a
+# rule (13 characters), a pillar volume (at most 16) and a device path (/dev/mapper/ and a
+# device-mapper name of at most 127): under 200 characters. A longer one is kept as its hash.
+MAX_FINDING_KEY = 256
+# Occurrences a triage record (one per minion and rule) remembers as handled, the newest kept.
+# A record holds one per finding of its rule (a volume and a device): 512 is 8 volumes with the
+# pillar's most devices (64) each. Each key is at most MAX_FINDING_KEY long, so a record that
+# every event of its minion and rule reads and writes stays under 150 KB. One pruned is an old occurrence: if an
+# audit event lists it again, it is acted on again (a repeat, never a silenced finding).
+MAX_HANDLED = 512
+HASHED = "sha256:"  # what a hashed finding key starts with (one the beacon makes starts with its rule)
 
 
 class Buckets:
@@ -57,6 +69,15 @@ class Reports:
             if len(self._last) > self.keys:
                 self._last.popitem(last=False)
         return held
+
+
+def finding_key(key):
+    """``key`` (a finding's key, from an event) as triage records it: as it is, or, when longer
+    than MAX_FINDING_KEY, ``sha256:`` and its SHA-256 in hex: the same finding keeps one key,
+    and whatever a minion names costs its record at most MAX_FINDING_KEY characters."""
+    if len(key) <= MAX_FINDING_KEY:
+        return key
+    return HASHED + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def buckets(rate, burst):

@@ -63,7 +63,7 @@ import os
 import threading
 import time
 
-from . import files, rules
+from . import files, limits, rules
 
 try:
     import redis
@@ -281,12 +281,26 @@ def renew(record, now, key, owner, lease):
 
 def complete(record, key, since, owner):
     """The occurrence is handled. False when it was handled already (by a master that took it over
-    after ``owner``'s lease ran out): ``owner``'s action is then the second one."""
+    after ``owner``'s lease ran out): ``owner``'s action is then the second one.
+
+    The record remembers at most ``limits.MAX_HANDLED`` handled occurrences: this one and the
+    others first reported last (``since``)."""
     first = record["handled"].get(key) != since
     if record["held"].get(key, {}).get("owner") == owner:
         del record["held"][key]
     record["handled"][key] = since
+    if len(record["handled"]) > limits.MAX_HANDLED:
+        others = sorted(
+            ((k, s) for k, s in record["handled"].items() if k != key), key=_reported_at, reverse=True
+        )
+        record["handled"] = {**dict(others[: limits.MAX_HANDLED - 1]), key: since}
     return first
+
+
+def _reported_at(entry):
+    """The order of handled occurrences to keep: by ``since``, one without a time the oldest."""
+    since = entry[1]
+    return since if isinstance(since, int | float) and not isinstance(since, bool) else float("-inf")
 
 
 def release(record, key, owner, keep_cooldown):
