@@ -1,6 +1,8 @@
 """Bounds on what one minion can cost the master's triage: a token bucket per sender, and at most
 one report (a log line, a ``hana/storage/rejected`` event) per sender and interval, counting what
 it held back. Pure bookkeeping under a lock; the triage runner keeps one of each per process.
+The sizes below bound what the master keeps of a minion's findings (triage's records, the
+exporter's open findings).
 
 Any minion can put any tag on the master's bus, so the key is the minion a tag claims when that
 minion has an accepted key, and one shared key (``UNKNOWN``) for every other claim: made-up ids
@@ -24,6 +26,10 @@ MAX_FINDING_KEY = 256
 # every event of its minion and rule reads and writes stays under 150 KB. One pruned is an old occurrence: if an
 # audit event lists it again, it is acted on again (a repeat, never a silenced finding).
 MAX_HANDLED = 512
+# Open findings the exporter keeps per minion: as many as triage takes from one audit event
+# (max_audit_findings' default). A host has a few volumes and rules; more is a minion naming
+# made-up keys, and each one kept would cost memory until the minion's next audit event.
+MAX_OPEN_FINDINGS = 1000
 HASHED = "sha256:"  # what a hashed finding key starts with (one the beacon makes starts with its rule)
 
 
