@@ -30,6 +30,12 @@ MAX_HANDLED = 512
 # (max_audit_findings' default). A host has a few volumes and rules; more is a minion naming
 # made-up keys, and each one kept would cost memory until the minion's next audit event.
 MAX_OPEN_FINDINGS = 1000
+# Outbox events the triage engine holds until it confirms them, ``settle`` (30) s after its bus
+# carried them: only events the master signed (checked as they pass), each event_id once. 30 s of
+# 300 outcome events a second (issue 17's rate; one master reaches 50-100, docs/benchmarks.md) is
+# 9,000. One beyond it is not confirmed by the engine: it stays in the outbox and is sent again
+# when due, a repeat consumers drop, never a loss.
+MAX_UNCONFIRMED = 10_000
 HASHED = "sha256:"  # what a hashed finding key starts with (one the beacon makes starts with its rule)
 
 
@@ -75,6 +81,40 @@ class Reports:
             if len(self._last) > self.keys:
                 self._last.popitem(last=False)
         return held
+
+
+class Waiting:
+    """At most ``most`` distinct keys waiting at once (events waiting to be confirmed); those
+    refused because it was full are counted (``refused``)."""
+
+    def __init__(self, most):
+        self.most, self.refused = int(most), 0
+        self._keys = set()
+        self._lock = threading.Lock()
+
+    def __len__(self):
+        return len(self._keys)
+
+    def enter(self, key):
+        """Whether ``key`` waits now: "entered", "waiting" (it waited already) or "full" (it
+        does not; counted in ``refused``)."""
+        with self._lock:
+            if key in self._keys:
+                return "waiting"
+            if len(self._keys) >= self.most:
+                self.refused += 1
+                return "full"
+            self._keys.add(key)
+            return "entered"
+
+    def leave(self, key):
+        with self._lock:
+            self._keys.discard(key)
+
+
+def waiting(most):
+    """A Waiting (the loader hands out functions, not classes)."""
+    return Waiting(most)
 
 
 def finding_key(key):
