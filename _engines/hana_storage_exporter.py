@@ -12,6 +12,8 @@ triage runner's (``hana/storage/...``) and serves, on ``http://<bind>:<port>/met
 ``hana_storage_remediations_total{...}``        remediations run (minion, rule, result)
 ``hana_storage_alerts_total{minion,rule}``      alerts raised (manual rules, auto ones not fixed)
 ``hana_storage_rejected_events_total{reason}``  events whose sender could not be verified
+``hana_storage_findings_held_back_total{...}``  open findings not kept (minion): it had
+                                                ``MAX_OPEN_FINDINGS`` open already
 ``hana_storage_last_audit_timestamp_seconds``   when the minion's last full audit ran
 ``hana_storage_events_total{event}``            events processed, per kind
 ``hana_storage_triage_actions_total{...}``      actions triage completed (action, rule), read
@@ -34,8 +36,11 @@ Every label value is the master's, never the event's, so a minion cannot make se
 bound: a rule and its severity come from the master's rule table (a rule it does not know is
 counted as ``rule="unknown", severity="unknown"``), an event name from ``EVENTS`` (else
 ``other``), a remediation's result from ``RESULTS``, and a minion has at most ``MAX_VOLUMES``
-volumes (the first by name). Series of what is gone are dropped, as a stale 0 or 1 would keep an
-alert firing: a volume no longer in a minion's audit event loses ``hana_storage_compliant``, and
+volumes (the first by name). What it keeps of a minion is bounded as well: at most
+``core.limits.MAX_OPEN_FINDINGS`` open findings (more are counted as held back, and logged at most
+once per minion every ``REPORT_INTERVAL`` seconds, with the number held back since), each under a
+key of at most ``core.limits.MAX_FINDING_KEY`` characters. Series of what is gone are dropped, as
+a stale 0 or 1 would keep an alert firing: a volume no longer in a minion's audit event loses ``hana_storage_compliant``, and
 a minion whose key is no longer accepted (``<pki_dir>/minions/<id>`` gone; looked at every
 ``PRUNE_EVERY`` seconds) loses all its series.
 
@@ -78,6 +83,7 @@ EVENTS = ("violation", "resolved", "audit", "error", "alert", "remediation", "re
 RESULTS = ("fixed", "absent", "not-fixed", "failed")  # a remediation's results
 MAX_VOLUMES = 32  # volumes exported per minion: a HANA host has a handful
 PRUNE_EVERY = 60  # seconds between two looks for minions whose key is no longer accepted
+REPORT_INTERVAL = 60  # seconds: at most one log line per minion about open findings held back
 
 
 def __virtual__():
@@ -135,7 +141,14 @@ class Metrics:
             registry=registry,
         )
         self.events = counter("hana_storage_events", "Events processed", ["event"], registry=registry)
-        self.open = {}  # minion -> {finding key: (volume, rule, severity)}
+        self.held_back = counter(
+            "hana_storage_findings_held_back",
+            f"Open findings not kept: the minion had {core.limits.MAX_OPEN_FINDINGS} open already",
+            ["minion"],
+            registry=registry,
+        )
+        self.reports = core.limits.reports(REPORT_INTERVAL)
+        self.open = {}  # minion -> core.events.OpenFindings
         self.volumes = {}  # minion -> volumes exported (at most MAX_VOLUMES)
         self.series = {}  # minion -> (rule, severity) label pairs exported
         self.outcomes = collections.OrderedDict()  # the event_ids of the last SEEN_OUTCOMES outcomes
@@ -187,10 +200,10 @@ class Metrics:
         return True
 
     def audit(self, minion, data):
-        open_findings = {}
+        open_findings, dropped = core.events.OpenFindings(), 0
         for key in data.get("open") or {}:
             finding = core.events.parse_finding_key(key)  # ValueError: the event is not counted
-            open_findings[key] = (finding["volume"], *self.rule(finding["rule"]))
+            dropped += not open_findings.add(key, finding["volume"], *self.rule(finding["rule"]))
         volumes = self.exported_volumes(minion, data.get("volumes") or {})
         self.forget(  # the volumes the minion no longer has
             minion, keep=lambda metric, values: metric is not self.compliant or values[1] in volumes
@@ -198,12 +211,15 @@ class Metrics:
         self.volumes[minion] = volumes
         self.open[minion] = open_findings
         self.labels(self.last_audit, minion).set(float(data.get("ts") or 0))
+        self._held_back(minion, dropped)
         self._refresh(minion)
 
     def violation(self, minion, data):
         rule, severity = self.rule(data["rule"])
+        found = self.open.setdefault(minion, core.events.OpenFindings())
+        kept = found.add(data["key"], data["volume"], rule, severity)  # ValueError: not counted
         self.labels(self.violations, minion, rule, severity).inc()
-        self.open.setdefault(minion, {})[data["key"]] = (data["volume"], rule, severity)
+        self._held_back(minion, not kept)
         self.volumes[minion] = self.exported_volumes(
             minion, self.volumes.get(minion, set()) | {data["volume"]}
         )
@@ -211,17 +227,35 @@ class Metrics:
 
     def clear(self, minion, data):
         self.labels(self.resolved, minion, self.rule(data["rule"])[0]).inc()
-        self.open.setdefault(minion, {}).pop(data["key"], None)
+        if minion in self.open:
+            self.open[minion].remove(data["key"])
         self._refresh(minion)
 
+    def _held_back(self, minion, dropped):
+        """Count ``dropped`` open findings of ``minion`` not kept, and log it at most once per
+        REPORT_INTERVAL with the number held back since the last line."""
+        if not dropped:
+            return
+        self.labels(self.held_back, minion).inc(dropped)
+        events = self.reports.due(minion)
+        if events is not None:
+            more = f", and those of {events} more events since the last report" if events else ""
+            log.warning(
+                "hana_storage_exporter: %s has %d open findings already: %d more not kept%s "
+                "(hana_storage_findings_held_back_total counts them all)",
+                minion,
+                core.limits.MAX_OPEN_FINDINGS,
+                dropped,
+                more,
+            )
+
     def _refresh(self, minion):
-        open_findings = self.open.get(minion, {}).values()
-        failing = {volume for volume, _rule, _severity in open_findings}
+        """The minion's compliant and findings series from its open findings' counts: as many
+        steps as exported volumes and rules, however many findings are open."""
+        found = self.open.get(minion) or core.events.OpenFindings()
         for volume in self.volumes.get(minion, ()):
-            self.labels(self.compliant, minion, volume).set(0 if volume in failing else 1)
-        counts = {}
-        for _volume, rule, severity in open_findings:
-            counts[(rule, severity)] = counts.get((rule, severity), 0) + 1
+            self.labels(self.compliant, minion, volume).set(0 if found.failing(volume) else 1)
+        counts = found.counts()
         for labels in self.series.get(minion, set()) | set(counts):
             self.labels(self.findings, minion, *labels).set(counts.get(labels, 0))
         self.series[minion] = self.series.get(minion, set()) | set(counts)
@@ -229,7 +263,8 @@ class Metrics:
 
 class StoreTallies:
     """``hana_storage_triage_actions_total{action,rule}`` out of ``read()`` (the triage runner's
-    ``tallies``: {"<action>|<rule>": count}) at each scrape."""
+    ``tallies``: {"<action>|<rule>": count}) at each scrape. The store reads only the fields
+    triage makes (the store's ``known_tallies``), so whoever writes to Redis names no series."""
 
     def __init__(self, read):
         self.read = read

@@ -25,8 +25,9 @@ before finishing, this one takes the occurrence over within a lease. (A runner j
 the minion's next audit event.)
 
 The engine also sees triage's outbox through. Each ``hana/storage/alert`` and ``.../remediation``
-event its master's bus carries (signed by the master) is confirmed ``settle`` seconds later
-(``confirm_each`` says why), and leaves the outbox. Every REDELIVER_EVERY seconds the engine
+event its master's bus carries is confirmed ``settle`` seconds later (``confirm_each`` says why),
+and leaves the outbox. Any minion can fire those tags, so an event is held for that only once the
+master's signature on it verifies, and at most ``core.limits.MAX_UNCONFIRMED`` are held. Every REDELIVER_EVERY seconds the engine
 puts on its bus again what is overdue: the events of actions whose master died before a bus
 carried them (``hana_storage.redeliver``).
 
@@ -155,6 +156,7 @@ class Later:
 
 
 RETRY_MARGIN = 0.2  # seconds after a lease runs out: the store's clock and ours differ a little
+REPORT_INTERVAL = 60  # seconds: at most one log line per cause of an outbox event not held
 OUTBOX_TAGS = ("hana/storage/alert", "hana/storage/remediation")  # what triage's outbox holds
 REDELIVER_EVERY = 5  # seconds between two looks for overdue outbox events
 
@@ -176,23 +178,94 @@ def _forever(function, *args, pause=REDELIVER_EVERY):
 
 def follow_bus(later, delivered, settle):
     """Confirm the outbox events the master's bus carries (``confirm_each``), until it fails."""
+    verify = __runners__["hana_storage.verify_master"]
     with salt.utils.event.get_master_event(__opts__, __opts__["sock_dir"], listen=True) as bus:
         events = bus.iter_events(tag="hana/storage/", full=True, auto_reconnect=True)
-        confirm_each(events, later, delivered, settle)
+        confirm_each(events, later, delivered, settle, verify)
 
 
-def confirm_each(events, later, delivered, settle):
+class Batch:
+    """Outbox events seen within a tenth of ``settle``, confirmed together by one call of ``later``
+    (one scheduled call per batch, not per event): [(tag, data, event_id)]."""
+
+    def __init__(self, first, closes):
+        self.closes, self.events, self.closed = closes, [first], False
+        self.lock = threading.Lock()
+
+    def add(self, event, now):
+        """False when the batch takes no more events: its time is up, or it is being confirmed."""
+        with self.lock:
+            if self.closed or now >= self.closes:
+                return False
+            self.events.append(event)
+            return True
+
+    def take(self):
+        with self.lock:
+            self.closed = True
+            return list(self.events)
+
+
+def confirm_each(events, later, delivered, settle, verify=None, waiting=None):
     """``delivered(tag, data)`` for each outbox event among ``events`` ({"tag", "data"}), ``settle``
-    seconds after it passed (``later``); it checks the master's signature.
+    seconds after it passed (``later``); it checks the master's signature again.
 
     Why wait: the master's publisher sends each event to its subscribers in turn, and holds what a
     subscriber has not read yet. When the master dies, what it held for a subscriber that lagged
     is lost for that one. An event its master dies within ``settle`` seconds of is put on a bus
     again (with its event_id): a repeat for the subscribers that had it, not a loss for those
-    that lagged less than ``settle``."""
+    that lagged less than ``settle``.
+
+    What waits is bounded: any minion can fire an outbox tag, so an event is held only once
+    ``verify(tag, data)`` (the runner's ``verify_master``) finds no problem with it, each event_id
+    once, and at most ``waiting`` (MAX_UNCONFIRMED) at a time. What is not held is logged at most
+    once per cause and REPORT_INTERVAL, with the number held back since. An event the engine does
+    not confirm stays in the outbox and is sent again when due: a repeat, never a loss."""
+    waiting = core.limits.waiting(core.limits.MAX_UNCONFIRMED) if waiting is None else waiting
+    reports, window, batch = core.limits.reports(REPORT_INTERVAL), float(settle) / 10, None
     for event in events:
-        if isinstance(event, dict) and event.get("tag") in OUTBOX_TAGS:
-            later.call(settle, _safely, delivered, event["tag"], event.get("data"))
+        if not (isinstance(event, dict) and event.get("tag") in OUTBOX_TAGS):
+            continue
+        tag, data = event["tag"], event.get("data")
+        event_id = data.get("event_id") if isinstance(data, dict) else None
+        if not isinstance(event_id, str):
+            continue  # confirms nothing: the outbox holds each event under its event_id
+        problem = verify(tag, data) if verify else None
+        if problem:
+            _not_held(reports, "forged", "%s not confirmed: %s", tag, problem.get("reason"))
+            continue
+        entered = waiting.enter(event_id)
+        if entered == "full":
+            _not_held(
+                reports,
+                "full",
+                "%s not confirmed: %d outbox events wait to be confirmed already (%d refused in all); "
+                "it is sent again when due",
+                tag,
+                waiting.most,
+                waiting.refused,
+            )
+            continue
+        if entered != "entered":
+            continue  # its event_id waits already: a repeat
+        now = time.monotonic()
+        if batch is None or not batch.add((tag, data, event_id), now):
+            batch = Batch((tag, data, event_id), now + window)
+            later.call(settle + window, _confirm_batch, delivered, waiting, batch)
+
+
+def _confirm_batch(delivered, waiting, batch):
+    for tag, data, event_id in batch.take():
+        _safely(delivered, tag, data)
+        waiting.leave(event_id)
+
+
+def _not_held(reports, cause, message, *args):
+    """Log why an outbox event is not held, at most once per ``cause`` and REPORT_INTERVAL."""
+    held_back = reports.due(cause)
+    if held_back is not None:
+        more = f" ({held_back} more since the last report)" if held_back else ""
+        log.warning("hana_storage_triage: " + message + "%s", *args, more)
 
 
 def settle_within(settle, lease):

@@ -341,6 +341,7 @@ def _claim(minion, rule, key, since, alert=None):
     that dies can neither lose the alert nor leave the occurrence to be alerted again.
     """
     config, claim, complete = _config(), core.store.claim, core.store.complete
+    tally_name = core.store.tally_name
     lease, owner = float(config["lease"]), _owner()
     events = [_outbox_event(ALERT_TAG, alert)] if alert else []
 
@@ -357,7 +358,7 @@ def _claim(minion, rule, key, since, alert=None):
         minion,
         rule,
         decide,
-        tally=lambda verdict: f"alerted|{rule}" if acted(verdict) else None,
+        tally=lambda verdict: tally_name("alerted", rule) if acted(verdict) else None,
         outbox=lambda verdict: events if acted(verdict) else (),
     )
     if acted(verdict):
@@ -372,12 +373,12 @@ def _owner():
 def _complete(minion, rule, key, since, action, events):
     """Record the occurrence as handled, tally ``action`` (the metrics every master shares) and
     add ``events`` to the outbox, in one change of the store."""
-    complete = core.store.complete
+    complete, tally_name = core.store.complete, core.store.tally_name
     return _recorded(
         minion,
         rule,
         lambda record, _now: complete(record, key, since, _owner()),
-        tally=lambda first: f"{action}|{rule}" if first else None,
+        tally=lambda first: tally_name(action, rule) if first else None,
         events=events,
     )
 
@@ -385,12 +386,12 @@ def _complete(minion, rule, key, since, action, events):
 def _release(minion, rule, key, action, events):
     """Give up the occurrence _claim holds, keeping its cooldown (the first event after it acts
     again), tally ``action`` and add ``events`` to the outbox, in one change of the store."""
-    release = core.store.release
+    release, tally_name = core.store.release, core.store.tally_name
     return _recorded(
         minion,
         rule,
         lambda record, _now: release(record, key, _owner(), True),
-        tally=lambda released: f"{action}|{rule}" if released else None,
+        tally=lambda released: tally_name(action, rule) if released else None,
         events=events,
     )
 
@@ -508,7 +509,8 @@ def _renewing(minion, held):
 def _violation_finding(data):
     """The finding a violation event reports, with the occurrence it is (key, since)."""
     finding = {k: data.get(k) for k in FACTS}
-    finding["key"] = data.get("key") or core.events.finding_key(finding)
+    key = data.get("key")
+    finding["key"] = key if isinstance(key, str) and key else core.events.finding_key(finding)
     # the occurrence's first report (the beacon's since: the same on every master connection);
     # a beacon from before the field sends only ts, which is its since
     since = data.get("since")
@@ -620,7 +622,9 @@ def _handle(minion, findings, via):
         if rule not in known:
             results.append({"action": "ignored", "minion": minion, "reason": f"unknown rule {rule!r}"})
             continue
-        key, since = finding["key"], finding["since"]
+        # the key as sent, or its hash when it is longer than any the beacon makes: a minion names
+        # keys, and each is kept in its record
+        key, since = core.limits.finding_key(finding["key"]), finding["since"]
         facts = {k: finding.get(k) for k in FACTS}
         facts.update(severity=known[rule]["severity"], via=via, key=key, since=since)  # since: the occurrence
         alert = (

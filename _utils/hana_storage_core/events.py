@@ -4,6 +4,8 @@ appeared or cleared, the audit summary, and the canonical bytes an event signatu
 
 import json
 
+from . import limits
+
 # Fields of a finding, in the order events carry them.
 FINDING_FIELDS = (
     "rule",
@@ -32,6 +34,61 @@ def parse_finding_key(key):
     if len(parts) != 3 or not all(parts[:2]):
         raise ValueError(f"not a finding key (rule|volume|device): {key!r}")
     return dict(zip(("rule", "volume", "device"), parts, strict=True))
+
+
+class OpenFindings:
+    """A minion's open findings as the exporter follows them: ``{key: (volume, rule, severity)}``,
+    at most ``most``, with the counts per (rule, severity) and per volume kept as findings come
+    and go, so that an event costs the same however many are open. A key is kept as
+    ``limits.finding_key`` makes it, so each costs at most MAX_FINDING_KEY characters. A volume
+    with a finding not kept is failing until the minion's next audit event starts over: what is
+    not known to be compliant is not reported compliant."""
+
+    def __init__(self, most=None):
+        self.most = limits.MAX_OPEN_FINDINGS if most is None else most
+        self.found = {}
+        self.by_labels = {}  # (rule, severity) -> open findings
+        self.by_volume = {}  # volume -> open findings
+        self.unkept = set()  # volumes with a finding not kept (at most ``most``)
+
+    def __len__(self):
+        return len(self.found)
+
+    def add(self, key, volume, rule, severity):
+        """Keep a finding open (again); False when ``most`` others are open: not kept.
+        ValueError for a key or volume that is not a string, or a volume longer than any key."""
+        if not isinstance(key, str) or not isinstance(volume, str) or len(volume) > limits.MAX_FINDING_KEY:
+            raise ValueError(f"not a finding's key and volume: {str(key)[:100]!r}, {str(volume)[:100]!r}")
+        key = limits.finding_key(key)
+        if key not in self.found and len(self.found) >= self.most:
+            if len(self.unkept) < self.most:
+                self.unkept.add(volume)
+            return False
+        self.remove(key)
+        self.found[key] = (volume, rule, severity)
+        _count(self.by_labels, (rule, severity), 1)
+        _count(self.by_volume, volume, 1)
+        return True
+
+    def remove(self, key):
+        entry = self.found.pop(limits.finding_key(key), None) if isinstance(key, str) else None
+        if entry is not None:
+            volume, rule, severity = entry
+            _count(self.by_labels, (rule, severity), -1)
+            _count(self.by_volume, volume, -1)
+
+    def failing(self, volume):
+        return volume in self.by_volume or volume in self.unkept
+
+    def counts(self):
+        """{(rule, severity): open findings}."""
+        return dict(self.by_labels)
+
+
+def _count(counts, name, step):
+    counts[name] = counts.get(name, 0) + step
+    if not counts[name]:
+        del counts[name]
 
 
 def uevent_device(message):

@@ -46,8 +46,11 @@ twice (never silenced: the safe direction); an outbox entry that does not verify
 replayed one is an event the masters decided, sent again with its ``event_id``, which
 consumers drop as a repeat. Each cluster of hot masters has its own key prefix by default
 (``cluster_prefix``: from the master.pub they share), so two clusters on one Redis share no
-record, cooldown or outbox. The tallies (``HINCRBY``) carry no MAC: a Redis writer can change the
-metric ``hana_storage_triage_actions_total``, nothing triage decides.
+record, cooldown or outbox. The tallies (``HINCRBY``, added to by every master at once) carry no
+MAC: a Redis writer can change the counts of ``hana_storage_triage_actions_total``, nothing
+triage decides. It cannot add a series: ``tallies`` reads only the fields triage makes, an
+action of ``TALLY_ACTIONS`` and a rule of the master's table (``tally_name``); any other field
+is dropped and logged.
 """
 
 import contextlib
@@ -60,7 +63,7 @@ import os
 import threading
 import time
 
-from . import files
+from . import files, limits, rules
 
 try:
     import redis
@@ -78,6 +81,9 @@ OUTBOX_TAGS = ("hana/storage/alert", "hana/storage/remediation")  # the only eve
 MAC_LABEL = b"hana_storage store mac v1\0"  # what the store's MAC key is derived for (mac_key)
 MAC_HEX = 64  # a sealed value: the HMAC-SHA256 in hex, then the value
 NOTED_MAX = 256  # distinct causes of dropped or unverified store contents logged, then no more
+# What triage tallies, each per rule (the runner's _claim, _complete and _release): the tallies'
+# only fields, so whoever writes to the store cannot name a series of the exporter.
+TALLY_ACTIONS = ("alerted", "remediated", "remediation-failed")
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +173,41 @@ def _dropped(where, event_id, why):
     )
 
 
+def tally_name(action, rule):
+    """The tallies' field of ``action`` on ``rule``: ``<action>|<rule>``."""
+    if action not in TALLY_ACTIONS or rule not in rules.RULES:
+        raise ValueError(f"triage tallies no {action!r} of {rule!r}")
+    return f"{action}|{rule}"
+
+
+def known_tallies(counts, where):
+    """The counts (``{name: count}``, names and counts as read) of the fields ``tally_name``
+    makes; any other field, or a count that is not a whole number of at least 0, is dropped and
+    logged once for ``where``."""
+    kept, dropped = {}, []
+    for name, count in counts.items():
+        name = name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name)
+        action, _, rule = name.partition("|")
+        try:
+            count = int(count)
+        except (TypeError, ValueError):
+            count = -1
+        if action in TALLY_ACTIONS and rule in rules.RULES and count >= 0:
+            kept[name] = count
+        else:
+            dropped.append(name)
+    if dropped:
+        _note(
+            ("tallies", where),
+            "hana_storage: %d fields of the tallies of %s are not an action of triage's on a rule of "
+            "the master's table, or not a count: not served (the first: %r)",
+            len(dropped),
+            where,
+            dropped[0][:100],
+        )
+    return kept
+
+
 # ---- the record and its changes (pure) -------------------------------------------------------
 
 
@@ -240,12 +281,26 @@ def renew(record, now, key, owner, lease):
 
 def complete(record, key, since, owner):
     """The occurrence is handled. False when it was handled already (by a master that took it over
-    after ``owner``'s lease ran out): ``owner``'s action is then the second one."""
+    after ``owner``'s lease ran out): ``owner``'s action is then the second one.
+
+    The record remembers at most ``limits.MAX_HANDLED`` handled occurrences: this one and the
+    others first reported last (``since``)."""
     first = record["handled"].get(key) != since
     if record["held"].get(key, {}).get("owner") == owner:
         del record["held"][key]
     record["handled"][key] = since
+    if len(record["handled"]) > limits.MAX_HANDLED:
+        others = sorted(
+            ((k, s) for k, s in record["handled"].items() if k != key), key=_reported_at, reverse=True
+        )
+        record["handled"] = {**dict(others[: limits.MAX_HANDLED - 1]), key: since}
     return first
+
+
+def _reported_at(entry):
+    """The order of handled occurrences to keep: by ``since``, one without a time the oldest."""
+    since = entry[1]
+    return since if isinstance(since, int | float) and not isinstance(since, bool) else float("-inf")
 
 
 def release(record, key, owner, keep_cooldown):
@@ -367,7 +422,7 @@ class LocalStore:
                     for name in filter(None, log.read().decode("utf-8", "replace").split("\n")):
                         counts[name] = counts.get(name, 0) + 1
                 summary["offset"] = size
-                result = dict(counts)
+                result = known_tallies(counts, self.root)
             if size > ROTATE_BYTES:
                 os.truncate(os.path.join(self.root, TALLY_LOG), 0)
                 with self._locked(TALLY, raw=True) as (summary, _now):
@@ -546,7 +601,7 @@ class RedisStore:
             counts = self.client.hgetall(self.prefix + TALLY)
         except redis.RedisError as error:
             raise StoreError(f"the redis store: {error}") from None
-        return {name.decode(): int(count) for name, count in counts.items()}
+        return known_tallies(counts, f"Redis ({self.prefix})")
 
 
 _OPENED = {}  # one store (and Redis connection pool, shared by threads) per settings

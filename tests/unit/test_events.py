@@ -1098,6 +1098,45 @@ def test_exporter_follows_findings(exporter):
     assert 'hana_storage_last_audit_timestamp_seconds{minion="db1"} 1000.0' in text
 
 
+def test_exporter_counts_the_open_findings_it_does_not_keep(exporter, monkeypatch, caplog):
+    """Beyond MAX_OPEN_FINDINGS a minion's new findings are not kept: counted per minion, logged
+    at most once per interval; what is kept still drives its series, a key named again or
+    resolved included; the volume of one not kept is not compliant until an audit event starts
+    over from what it lists."""
+    module, metrics, registry = exporter
+    monkeypatch.setattr(limits, "MAX_OPEN_FINDINGS", 2)
+    violated = "salt/beacon/db1/hana_storage/violation"
+    for volume in ("data", "log", "log", "shared"):
+        data = events.finding_event("violation", finding("HANA-ENC-001", volume), "uevent", 1.0)
+        module.handle(metrics, violated, data)
+    assert len(metrics.open["db1"]) == 2
+    assert series(registry, "hana_storage_findings_held_back_total") == {(("minion", "db1"),): 1.0}
+    assert caplog.text.count("more not kept") == 1
+    findings = series(registry, "hana_storage_findings")
+    assert findings == {(("minion", "db1"), ("rule", "HANA-ENC-001"), ("severity", "critical")): 2.0}
+    resolved = events.finding_event("resolved", finding("HANA-ENC-001", "log"), "uevent", 2.0)
+    module.handle(metrics, "salt/beacon/db1/hana_storage/resolved", resolved)
+    compliant = {dict(k)["volume"]: v for k, v in series(registry, "hana_storage_compliant").items()}
+    assert compliant == {"data": 0.0, "log": 1.0, "shared": 0.0}
+    report = {
+        "compliant": False,
+        "findings": [finding("HANA-ENC-001", v) for v in ("a", "b", "c")],
+        "volumes": {},
+    }
+    audit = events.audit_event(
+        report, "full", 0.1, 3.0, {events.finding_key(f): 1.0 for f in report["findings"]}
+    )
+    module.handle(metrics, "salt/beacon/db1/hana_storage/audit", audit)
+    assert sorted(v for v, _r, _s in metrics.open["db1"].found.values()) == ["a", "b"]
+    assert not metrics.open["db1"].failing("shared") and metrics.open["db1"].failing("c")
+    assert series(registry, "hana_storage_findings_held_back_total") == {(("minion", "db1"),): 2.0}
+    long = {**events.finding_event("violation", finding("HANA-PERF-002"), "uevent", 4.0), "key": "k" * 10**6}
+    module.handle(metrics, "salt/beacon/db2/hana_storage/violation", long)
+    assert all(len(key) <= limits.MAX_FINDING_KEY for key in metrics.open["db2"].found)
+    with pytest.raises(ValueError):
+        module.handle(metrics, "salt/beacon/db2/hana_storage/violation", {**long, "key": ["a"]})
+
+
 def test_exporter_counts_an_outcome_sent_again_once(exporter):
     """Triage sends an outbox event again, with its event_id, when no bus carried it in time: it
     is one alert, not two; another alert for the same finding is another one."""

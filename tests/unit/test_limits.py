@@ -55,3 +55,14 @@ def test_one_report_per_key_and_interval_counting_what_it_held_back():
 
 def test_made_up_ids_share_one_key_that_no_minion_can_have():
     assert limits.unknown() == "*"
+
+
+def test_a_finding_key_longer_than_any_the_beacon_makes_is_kept_as_its_hash():
+    real = "HANA-ENC-001|data|/dev/mapper/" + "d" * 127
+    assert limits.finding_key(real) == real
+    long = "HANA-ENC-001|data|" + "k" * 100_000
+    hashed = limits.finding_key(long)
+    assert hashed.startswith("sha256:") and len(hashed) <= limits.MAX_FINDING_KEY
+    assert limits.finding_key(long) == hashed, "the same finding keeps one key"
+    assert limits.finding_key(long + "k") != hashed
+    assert limits.finding_key("x" * limits.MAX_FINDING_KEY) == "x" * limits.MAX_FINDING_KEY

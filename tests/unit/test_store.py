@@ -31,6 +31,21 @@ def test_one_claim_acts_and_the_occurrence_is_handled_once():
     assert store.claim(record, 311.0, KEY, SINCE + 5, 300, "b", 60)["verdict"] == "act"
 
 
+def test_a_record_remembers_a_bounded_number_of_handled_occurrences_the_newest(monkeypatch):
+    """A minion names its findings' keys: however many it names, its record keeps the newest
+    MAX_HANDLED (by when they were first reported) and the one just handled."""
+    monkeypatch.setattr(store.limits, "MAX_HANDLED", 4)
+    record = store.empty()
+    for n in range(10):
+        store.complete(record, f"HANA-ENC-001|data|/dev/vd{n}", 1000.0 + n, "a")
+    assert sorted(record["handled"].values()) == [1006.0, 1007.0, 1008.0, 1009.0]
+    store.complete(record, KEY, 1.0, "a")  # an old occurrence handled now: kept
+    assert record["handled"][KEY] == 1.0 and len(record["handled"]) == 4
+    record["handled"]["HANA-ENC-001|data|/dev/odd"] = "not a time"
+    store.complete(record, OTHER, 2000.0, "a")
+    assert "HANA-ENC-001|data|/dev/odd" not in record["handled"] and len(record["handled"]) == 4
+
+
 def test_a_lease_that_ran_out_is_taken_over_cooldown_or_not():
     """The holder died: its cooldown was started by this very occurrence, so it does not defer
     the takeover; the dead holder's late completion is the second one, and says so."""
@@ -325,6 +340,25 @@ def test_counts_written_before_the_log_are_kept(tmp_path):
     alerted(local, "db1")
     assert local.tallies() == {"alerted|HANA-ENC-001": 8, "remediated|HANA-PERF-002": 2}
     assert local.tallies() == {"alerted|HANA-ENC-001": 8, "remediated|HANA-PERF-002": 2}
+
+
+def test_only_the_fields_triage_tallies_are_read(tmp_path, caplog):
+    """The tallies are the exporter's series: a field that is not an action of triage's on a rule
+    of the table, or a count that is not one, is dropped and logged once, never served."""
+    local = store.LocalStore(str(tmp_path))
+    alerted(local, "db1")
+    with open(tmp_path / "hana_storage" / "actions" / store.TALLY_LOG, "a") as log:
+        log.write("made-up|HANA-ENC-001\nalerted|RULE-0\nalerted\n")
+    assert local.tallies() == {"alerted|HANA-ENC-001": 1}
+    assert local.tallies() == {"alerted|HANA-ENC-001": 1}
+    assert caplog.text.count("not an action of triage's") == 1
+    assert store.known_tallies({b"remediated|HANA-PERF-002": b"2", b"alerted|HANA-KEY-001": b"x"}, "t") == {
+        "remediated|HANA-PERF-002": 2
+    }
+    assert store.tally_name("remediation-failed", "HANA-KEY-001") == "remediation-failed|HANA-KEY-001"
+    for action, rule in (("made-up", "HANA-KEY-001"), ("alerted", "RULE-0"), ("alerted", "a|b")):
+        with pytest.raises(ValueError):
+            store.tally_name(action, rule)
 
 
 # ---- the outbox ------------------------------------------------------------------------------------

@@ -242,6 +242,44 @@ def test_the_outbox_events_the_bus_carries_are_confirmed_once_settled(engine):
     assert all(at - passed >= 0.3 for at, _tag, _id in confirmed)
 
 
+def test_only_the_masters_outbox_events_wait_and_only_so_many(engine, caplog):
+    """Any minion can fire hana/storage/alert: an event waits to be confirmed only once the
+    master's signature verifies (``verify``), each event_id once, at most ``waiting`` at a time;
+    what is not held is logged once per cause and interval, and stays in the outbox."""
+    from hana_storage_core import limits
+
+    confirmed, later, waiting = [], engine.Later(), limits.waiting(3)
+
+    def verify(tag, data):
+        return None if data.get("sig") == "good" else {"code": "forged_master_event", "reason": "forged"}
+
+    def alert(n, sig="good"):
+        return {"tag": "hana/storage/alert", "data": {"event_id": f"{n:032x}", "sig": sig, "pad": "x" * 1000}}
+
+    bus = [alert(n, "bad") for n in range(5000)] + [
+        alert(1),
+        alert(1),
+        alert(2),
+        alert(3),
+        alert(4),
+        alert(5),
+    ]
+    engine.confirm_each(
+        bus, later, lambda tag, data: confirmed.append(data["event_id"]), 0.3, verify, waiting
+    )
+    with later._wake:
+        held = sum(len(batch.events) for _when, _order, _function, (_d, _w, batch) in later._due)
+    assert held == 3 and len(waiting) == 3 and waiting.refused == 2
+    assert caplog.text.count("not confirmed: forged") == 1 and caplog.text.count("wait to be confirmed") == 1
+    eventually(lambda: len(confirmed) == 3, f"three confirmed: {confirmed}")
+    assert sorted(confirmed) == [f"{n:032x}" for n in (1, 2, 3)]
+    eventually(lambda: len(waiting) == 0, "the confirmed ones no longer wait")
+    engine.confirm_each(
+        [alert(4)], later, lambda tag, data: confirmed.append(data["event_id"]), 0.3, verify, waiting
+    )
+    eventually(lambda: len(confirmed) == 4, "room again once confirmed")
+
+
 def test_an_event_is_confirmed_before_it_is_due_again(engine):
     """Confirmation waits ``settle`` seconds; an event is sent again ``lease`` seconds after it
     was decided: a lease of 5 s (the integration tier's) settles in 2.5 s."""
