@@ -389,7 +389,7 @@ def facts(plan, reuse_lvm=False):
         "headers": headers,
         "previous_keys": _previous_key_facts(plan, devices, headers),
         "closed_headers": closed,
-        "rewritten_keyslots": _rewritten_keyslot_facts(plan, devices, headers, closed, backups),
+        "backup_keyslots": _backup_keyslot_facts(plan, devices, headers, closed, backups),
         "lvm_scans": _lvm_scans_for(plan, devices),
         "superblocks": superblocks,
         "lvm": _lvm_segments(devices, reuse=reuse_lvm),
@@ -459,30 +459,40 @@ def _previous_key_facts(plan, devices, headers):
     }
 
 
-def _rewritten_keyslot_facts(plan, devices, headers, closed, backups):
-    """{crypt name: {"keyslots", "error"}}: which keyslots the volume's keys open, on the devices
-    whose header backup holds a keyslot the live header has rewritten under the same id
-    (core.rules.rewritten_keyslots). Rare (after luksConvertKey or luksChangeKey), and tried only
-    then, once per header and key file (see _slots_opened)."""
+def _backup_keyslot_facts(plan, devices, headers, closed, backups):
+    """{crypt name: {"live_opens", "retired", "error"}} for the devices whose header backup holds
+    keyslots the live header lacks (core.rules.lost_keyslots): ``live_opens``, the live keyslots
+    the volume's keys open, where one was rewritten under the same id; ``retired``, the backup's
+    keyslots the pillar's previous key opens, while a rotation is on. Rare, and tried only then,
+    once per header and key file (see _slots_opened)."""
     by_name = {d["dm_name"]: core.stack.backing_device(d) for d in devices.values() if d["kind"] == "crypt"}
     facts = {}
     for volume in plan["volumes"].values():
-        keys = [volume["key"].get("file"), (volume["key"].get("previous") or {}).get("file")]
+        key = volume["key"].get("file")
+        previous = (volume["key"].get("previous") or {}).get("file")
         for crypt in volume["crypt"]:
             backing = by_name.get(crypt["name"])
             header = headers.get(backing) if backing else closed.get(crypt["name"])
-            fact = backups.get(crypt.get("header_backup"))
+            backup = crypt.get("header_backup")
+            fact = backups.get(backup)
             if not header or "error" in header or not fact or "error" in fact or not fact.get("exists"):
                 continue
-            if not core.rules.rewritten_keyslots(fact, header):
+            if not core.rules.lost_keyslots(fact, header):
                 continue
             device = f"/dev/{backing}" if backing else crypt["device"]
-            opened, errors = set(), []
-            for key_file in filter(None, keys):
-                result = _slots_opened(device, header, key_file)
-                opened.update(result["keyslots"])
+            found, errors = {"live_opens": set(), "retired": set()}, []
+            tries = []
+            if core.rules.rewritten_keyslots(fact, header):
+                tries += [("live_opens", device, header, k) for k in (key, previous) if k]
+            if previous:
+                tries.append(("retired", backup, fact, previous))
+            for what, path, read_header, key_file in tries:
+                result = _slots_opened(path, read_header, key_file)
+                found[what].update(result["keyslots"])
                 errors += [result["error"]] if result["error"] else []
-            facts[crypt["name"]] = {"keyslots": sorted(opened), "error": "; ".join(errors) or None}
+            facts[crypt["name"]] = {k: sorted(v) for k, v in found.items()} | {
+                "error": "; ".join(errors) or None
+            }
     return facts
 
 

@@ -708,11 +708,15 @@ def header_backed_up(name, backup, key_file, previous_key_file=None, tang=None, 
             )
         return _done(ret, f"{name}: {error}", result=False)
     fact = __salt__["hana_storage_host.header_backup"](backup)
-    opens = set()
-    if fact.get("exists") and "error" not in fact and core.rules.rewritten_keyslots(fact, live):
-        for key in _key_files(key_file, previous_key_file):
-            opens.update(_key_slots(name, key)["keyslots"])
-    problem = core.rules.header_backup_problem(fact, live, tang, opens)
+    opens, retired = set(), set()
+    if fact.get("exists") and "error" not in fact and core.rules.lost_keyslots(fact, live, tang):
+        # keyslots gone that may have lost no access (see core.rules.lost_keyslots): tried here
+        if core.rules.rewritten_keyslots(fact, live):
+            for key in _key_files(key_file, previous_key_file):
+                opens.update(_key_slots(name, key)["keyslots"])
+        if _key_files(previous_key_file):
+            retired.update(_key_slots(backup, previous_key_file)["keyslots"])
+    problem = core.rules.header_backup_problem(fact, live, tang, opens, retired)
     if problem is None:
         return _done(ret, f"{backup} is a current backup of the LUKS header of {name}")
     if problem["rule"] == "HANA-KEY-007" and not _changed_in_this_run(

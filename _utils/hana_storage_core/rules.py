@@ -340,14 +340,13 @@ def tang_binding_matches(binding, tang):
     return tang_binding_verdict(binding, tang) == "matches"
 
 
-def header_backup_problem(fact, header, tang=None, key_opens=()):
+def header_backup_problem(fact, header, tang=None, key_opens=(), retired=()):
     """What is wrong with a header backup (hana_storage_host.header_backup) of the live LUKS
     ``header``: None, or {"code", "text", "rule"}.
 
     HANA-KEY-006 (auto: the fix makes a new backup, and replaces the old one only once the key is
     proven to open it): ``missing``, ``unreadable``, ``stale`` (the header gained keyslots, tokens
-    or flags since, or a keyslot the key opens was rewritten: ``key_opens``, see lost_keyslots),
-    ``exposed``. HANA-KEY-007 (manual: never replaced automatically, the backup
+    or flags since, or keyslots changed that lost no access: see lost_keyslots), ``exposed``. HANA-KEY-007 (manual: never replaced automatically, the backup
     may be the only way back): ``other_device`` (another UUID: a stray luksFormat) or
     ``keyslots_lost`` (keyslots the backup holds are gone from the header: erased, killed or
     overwritten, or removed on purpose by a rotation killed before its new backup). A lost
@@ -363,7 +362,7 @@ def header_backup_problem(fact, header, tang=None, key_opens=()):
             "text": f"the header of another LUKS device (UUID {fact['uuid']}; the device's is {header['uuid']})",
             "rule": "HANA-KEY-007",
         }
-    lost = lost_keyslots(fact, header, tang, key_opens)
+    lost = lost_keyslots(fact, header, tang, key_opens, retired)
     if lost:
         return {
             "code": "keyslots_lost",
@@ -386,19 +385,22 @@ def header_backup_problem(fact, header, tang=None, key_opens=()):
     return None
 
 
-def lost_keyslots(fact, header, tang=None, key_opens=()):
+def lost_keyslots(fact, header, tang=None, key_opens=(), retired=()):
     """The ids (in the backup) of the keyslots a header backup holds that the live ``header``
-    lacks, but for those of the backup's Clevis bindings to the pillar's ``tang`` servers, and
-    for a keyslot rewritten in place (the same id, a new salt: ``luksConvertKey``) that the
-    volume's key opens (``key_opens``: the live header's keyslot ids it opens): that one lost no
-    access. One rewritten with another passphrase (``luksChangeKey`` of someone else's) did."""
+    lacks, but for those that lost no access:
+
+    * the backup's Clevis bindings to the pillar's ``tang`` servers (binding again restores them);
+    * a keyslot rewritten in place (the same id, a new salt: ``luksConvertKey``) that the volume's
+      key opens (``key_opens``: the live header's keyslot ids it opens); one rewritten with
+      another passphrase (``luksChangeKey`` of someone else's) did lose access;
+    * a keyslot of the key a rotation retires (``retired``: the backup's keyslot ids the pillar's
+      previous key opens), removed by a rotation killed before its new backup."""
     live = {k.get("fingerprint") for k in header.get("keyslots", [])}
-    rebindable = pillar_clevis_keyslots({"tokens": fact.get("tokens", [])}, tang)
-    still_opens = set(rewritten_keyslots(fact, header)) & {str(k) for k in key_opens}
+    kept = pillar_clevis_keyslots({"tokens": fact.get("tokens", [])}, tang)
+    kept |= set(rewritten_keyslots(fact, header)) & {str(k) for k in key_opens}
+    kept |= {str(k) for k in retired}
     return [
-        k["id"]
-        for k in fact.get("keyslots", [])
-        if k["fingerprint"] not in live and str(k["id"]) not in rebindable | still_opens
+        k["id"] for k in fact.get("keyslots", []) if k["fingerprint"] not in live and str(k["id"]) not in kept
     ]
 
 
@@ -873,8 +875,14 @@ class VolumeAudit:
             return
         fact = self.facts.get("header_backups", {}).get(backup, {"exists": False})
         key = self.volume["key"]
-        opens = (self.facts.get("rewritten_keyslots", {}).get(crypt_name) or {}).get("keyslots", [])
-        problem = header_backup_problem(fact, header, key["tang"] if key["source"] == "tang" else None, opens)
+        slots = self.facts.get("backup_keyslots", {}).get(crypt_name) or {}
+        problem = header_backup_problem(
+            fact,
+            header,
+            key["tang"] if key["source"] == "tang" else None,
+            slots.get("live_opens", []),
+            slots.get("retired", []),
+        )
         if problem is None:
             return
         if problem["rule"] == "HANA-KEY-007":

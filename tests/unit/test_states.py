@@ -2178,3 +2178,33 @@ def test_the_scap_data_stream_is_put_in_place_once(tmp_path, salt_functions, opt
         handle.write("<!-- changed -->\n")
     ret = states.scap_datastream(name)
     assert ret["changes"]["datastream"]["updated"] == name, ret
+
+
+def test_a_rotation_killed_before_its_new_backup_replaces_it_on_the_next_apply(
+    real_headers, make_luks, keyfile, tmp_path, salt_functions
+):
+    """Regression (VM tier, tests/vm/test_rotation.py: an apply killed after each step). The
+    rotation removed the previous key's keyslot and was killed before its new backup: the backup
+    holds a keyslot the header lacks. While the pillar names that previous key, the keyslot is
+    the one the rotation retires (the previous key opens it in the backup), not one lost: the
+    next apply makes the new backup, and the audit says HANA-KEY-006 (stale), not KEY-007. Without
+    the previous key in the pillar nothing tells it apart: KEY-007, the backup kept."""
+    salt_functions["hana_storage_host.key_slots"] = real_headers.key_slots
+    old = tmp_path / "old.key"
+    old.write_bytes(os.urandom(64))
+    image, backup = make_luks(kdf="pbkdf2"), tmp_path / "hana_data.luks-header"
+    cryptsetup_run("luksAddKey", "--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000", "--key-file",
+                   str(keyfile), str(image), str(old))  # fmt: skip
+    assert states.header_backed_up(str(image), str(backup), str(keyfile), str(old))["result"] is True
+    cryptsetup_run("luksRemoveKey", str(image), str(old))  # the rotation's retire step, then killed
+    fact, live = real_headers.header_backup(str(backup)), real_headers.luks_header(str(image))
+    assert states.core.rules.header_backup_problem(fact, live)["rule"] == "HANA-KEY-007"
+    retired = real_headers.key_slots(str(backup), str(old))["keyslots"]
+    problem = states.core.rules.header_backup_problem(fact, live, None, (), retired)
+    assert problem["rule"] == "HANA-KEY-006", problem
+    before = backup.read_bytes()
+    refused = states.header_backed_up(str(image), str(backup), str(keyfile))  # no previous key named
+    assert refused["result"] is False and backup.read_bytes() == before, refused
+    ret = states.header_backed_up(str(image), str(backup), str(keyfile), str(old))
+    assert ret["result"] is True and ret["changes"]["header_backup"] == str(backup), ret
+    assert backup_state(real_headers, backup, image) is None
