@@ -49,6 +49,19 @@ def time_commands():
     cmdmod._run = timed
 
 
+def keep_entry_points():
+    """Salt lists the installed packages' entry points (salt extensions) each time it makes a
+    loader, and keeps the list for 0.5 s. The guest reads Salt's venv from the host over 9p,
+    where that listing opens every package's metadata at some 25 ms a file: seconds per loader,
+    a minute per state.apply. Nothing is installed into that venv while the lab runs: the list
+    is kept for the caller's life (production minions read local disks: milliseconds)."""
+    import salt.utils.entrypoints
+
+    cached = salt.utils.entrypoints.iter_entry_points.__wrapped__  # functools.lru_cache'd
+    cached.delta = 10**9
+    cached.expiration = time.monotonic() + cached.delta
+
+
 def inputs_stamp(opts):
     """Newest mtime of what a reload would read again: pillar files and the formula's modules."""
     dirs = list(opts["pillar_roots"]["base"])
@@ -123,6 +136,7 @@ def main(config_dir, spool):
     salt._logging.set_logging_options_dict(opts)
     salt._logging.setup_logging()
     time_commands()
+    keep_entry_points()
     caller = salt.client.Caller(mopts=opts)
     with open(os.path.join(spool, "ready.tmp"), "w") as handle:
         handle.write(str(os.getpid()))

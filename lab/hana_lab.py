@@ -645,6 +645,9 @@ sock_dir: /run/salt/sock
 log_file: /run/salt/minion.log
 log_level_logfile: debug
 enable_fqdns_grains: false
+# the host's npm, seen through the guest's PATH, would be run by Salt's npm module whenever a
+# call scans every module: seconds each under emulation, for a module the formula never uses
+disable_modules: [npm]
 file_roots:
   base:
     - {repo}/salt
