@@ -9,8 +9,8 @@ read each step's exit code and output (streamed while it runs):
         vm.salt_call("hana_storage.validate_pillar")
 
 Disk images live in the lab directory and survive the VM, so booting again on the same directory
-is a reboot. The guest sees the host's filesystem read-only, with writable overlays on /etc and
-/hana and tmpfs on /run (where Salt's root_dir goes: 9p refuses sockets).
+is a reboot. The guest sees the host's filesystem read-only, with writable overlays on /etc,
+/hana and the formula's SCAP directories, and tmpfs on /run (where Salt's root_dir goes: 9p refuses sockets).
 """
 
 import base64
@@ -234,7 +234,8 @@ class Lab:
         agent = AGENT.replace("@PYROOT@", str(python_root())).replace("@VENV@", str(VENV_BIN.parent))
         (self.shared / "agent.sh").write_text(agent)
         runtime = runtime_image()
-        os.makedirs("/hana", exist_ok=True)  # --overlay-rwdir needs the directory on the host
+        for directory in ("/hana", *SCAP_DIRS):  # --overlay-rwdir needs the directory on the host
+            os.makedirs(directory, exist_ok=True)
         if self.paths == 1:
             drives = " ".join(f"-drive file={p},format=raw,if=virtio,cache=unsafe" for p in self.disk_paths())
         else:
@@ -265,6 +266,8 @@ class Lab:
             "/etc",
             "--overlay-rwdir",
             "/hana",
+            # where the formula keeps its SCAP data stream and audit record (an apply writes them)
+            *(a for d in SCAP_DIRS for a in ("--overlay-rwdir", d)),
             f"--qemu-opts={drives}",
             # the guest's /var/cache is empty: Clevis makes its keys with pwmake, which needs the
             # cracklib dictionary there
@@ -635,6 +638,8 @@ class SaltResult:
     def __repr__(self):
         return f"SaltResult(retcode={self.retcode}, {self.seconds:.1f}s, {self.args[:60]!r})"
 
+
+SCAP_DIRS = ("/var/lib/hana-storage", "/usr/share/xml/scap/hana-storage")
 
 MINION_CONFIG = """id: {id}
 file_client: local

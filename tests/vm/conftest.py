@@ -36,6 +36,40 @@ def beacon_tick(vm):
     return json.loads(out.strip().splitlines()[-1])
 
 
+SCAP_PROFILE = "xccdf_org.hana-storage-formula_profile_hana_storage"
+SCAP_DATASTREAM = "/usr/share/xml/scap/hana-storage/hana-storage-ds.xml"
+
+
+def scap_scan(vm, name):
+    """What SUSE Manager's scan reads on the guest: the audit recorded (hana_storage.scap_record),
+    then the real `oscap xccdf eval` of the formula's data stream (put in place by an apply).
+    Returns {rule: result}; the ARF, validated by `oscap ds rds-validate`, is kept in the lab
+    directory as ``<name>.arf.xml``."""
+    recorded = vm.salt(
+        "hana_storage.scap_record", check=True, title=f"recording the audit for SCAP ({name})"
+    ).ret
+    assert recorded["written"] and recorded["error"] is None, recorded
+    arf = vm.shared / f"{name}.arf.xml"
+    results = vm.shared / f"{name}.results.xml"
+    vm.run(
+        f"oscap xccdf eval --profile {SCAP_PROFILE} --results-arf {arf} --results {results} "
+        f"{SCAP_DATASTREAM} >/dev/null; rc=$?; [ $rc = 0 ] || [ $rc = 2 ]",
+        check=True,
+        title=f"oscap xccdf eval ({name})",
+    )
+    for check in (f"oscap ds rds-validate {arf}", f"oscap xccdf validate {results}"):
+        vm.run(check, check=True, echo=False)
+    outcome = dict(
+        re.findall(
+            r'<rule-result idref="xccdf_org\.hana-storage-formula_rule_([A-Z0-9-]+)"[^>]*>.*?<result>(\w+)</result>',
+            results.read_text(),
+            re.S,
+        )
+    )
+    (vm.workdir / f"{name}.arf.xml").write_bytes(arf.read_bytes())
+    return outcome
+
+
 # The host's boot path, no Salt: LVM activation, systemd-cryptsetup for every crypttab line (a
 # UUID= resolved to a multipath map where there is one, as udev's by-uuid link would: never to
 # one of its paths), LVM again (below LVM the PVs appear only now), then every XFS mount of

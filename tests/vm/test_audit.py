@@ -14,7 +14,7 @@ import shlex
 import pytest
 import yaml
 
-from tests.vm.conftest import beacon_tick, boot
+from tests.vm.conftest import SCAP_DATASTREAM, beacon_tick, boot, scap_scan
 
 pytestmark = pytest.mark.vm
 
@@ -193,6 +193,22 @@ def test_every_rule_fires_somewhere(audit):
     elsewhere = {"HANA-LAYOUT-004", "HANA-LAYOUT-005", "HANA-LAYOUT-006", "HANA-PERF-005"}
     elsewhere |= {"HANA-KEY-002", "HANA-KEY-003", "HANA-KEY-004", "HANA-KEY-005", "HANA-KEY-006"}
     assert fired >= set(hana_storage_rules.RULES) - elsewhere
+
+
+def test_an_oscap_scan_fails_exactly_the_audits_rules_naming_each_volume(vm, audit):
+    """The real oscap over the formula's data stream (put in place by its state) and the
+    recorded audit of the mix: the rules the audit found fail, every other rule passes, and the
+    ARF names each failing volume and device - a plain LUN (ENC-001), missing perf flags
+    (PERF-002/003), the rest of the mix."""
+    vm.salt(f"state.single hana_storage.scap_datastream name={SCAP_DATASTREAM}", check=True)
+    outcome = scap_scan(vm, "mix")
+    failing = {f["rule"] for f in audit["findings"]}
+    assert {"HANA-ENC-001", "HANA-PERF-002"} <= failing
+    assert {rule for rule, result in outcome.items() if result == "fail"} == failing
+    assert {result for rule, result in outcome.items() if rule not in failing} == {"pass"}
+    arf = (vm.workdir / "mix.arf.xml").read_text()
+    for finding in audit["findings"]:
+        assert f"finding {finding['rule']} {finding['volume']} {finding['device']}" in arf, finding
 
 
 def test_a_cpu_with_aes_instructions_gets_the_accelerated_driver(vm, audit):

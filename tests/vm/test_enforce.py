@@ -14,8 +14,9 @@ import re
 
 import pytest
 import yaml
+from hana_storage_core.rules import RULES
 
-from tests.vm.conftest import boot
+from tests.vm.conftest import boot, scap_scan
 
 pytestmark = pytest.mark.vm
 
@@ -228,6 +229,13 @@ def test_crypttab_and_fstab(vm, first_apply):
 def test_audit_is_clean_after_apply(vm, first_apply):
     audit = vm.salt("hana_storage.audit", check=True).ret
     assert audit["compliant"] is True, [f["message"] for f in audit["findings"]]
+
+
+def test_an_oscap_scan_of_the_compliant_layout_passes_every_rule(vm, first_apply):
+    """The apply put the SCAP data stream in place; the real oscap, reading the recorded audit,
+    passes every rule of it (what SUSE Manager's Audit > OpenSCAP shows for this host)."""
+    outcome = scap_scan(vm, "compliant")
+    assert len(outcome) == len(RULES) and set(outcome.values()) == {"pass"}, outcome
 
 
 def test_key_file_on_ramfs_root_only(vm, first_apply):
