@@ -1,7 +1,8 @@
 """Inspect, audit and validate encrypted SAP HANA storage.
 
 Interfaces (stable): ``settings``, ``validate_pillar``, ``inspect``, ``luks_header``,
-``dm_tables``, ``audit``, ``probe``, ``remediate``, ``io_check``. Here: the pillar and its plan,
+``dm_tables``, ``audit``, ``probe``, ``remediate``, ``io_check``, ``evidence``, ``scap_record``,
+``scap_datastream``. Here: the pillar and its plan,
 the audit, remediation and the I/O check. The host's facts are gathered by
 ``hana_storage_host`` (read-only, never a state), the rules, parsers and commands are pure code
 in the formula's package ``hana_storage_core`` (``_utils/``). Nothing here writes to a device: ``remediate`` goes through the
@@ -290,6 +291,26 @@ def audit(pillar=None, volumes=None):
     for name, disks in facts["disks"].items():  # kernel names, for the beacon to map uevents
         report["volumes"][name]["disks"] = disks
     return report
+
+
+def evidence(pillar=None):
+    """
+    This host's part of the fleet's evidence report (``salt-run hana_storage.report
+    format=html``): a full audit, each finding with the facts it was judged on (the device's
+    dm table and its LUKS header's summary: parsed, never key material), and each volume's keys:
+    source, key file mode and last change, the Tang servers and the thumbprints each device's
+    Clevis binding names, header backups and their dates. Read-only.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' hana_storage.evidence
+    """
+    plan = _plan(pillar)
+    facts = _host("facts")(plan)
+    report = core.rules.audit(plan, facts)
+    return core.evidence.host_evidence(plan, facts, report, __opts__.get("id", ""), time.time())
 
 
 def scap_record(report=None, pillar=None):

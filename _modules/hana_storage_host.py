@@ -279,7 +279,12 @@ def _key_file_facts(plan):
         path = volume["key"]["file"]
         try:
             info = os.stat(path)
-            facts[path] = {"exists": True, "mode": stat.S_IMODE(info.st_mode), "uid": info.st_uid}
+            facts[path] = {
+                "exists": True,
+                "mode": stat.S_IMODE(info.st_mode),
+                "uid": info.st_uid,
+                "mtime": int(info.st_mtime),
+            }
         except OSError:
             facts[path] = {"exists": False}
     return facts

@@ -66,6 +66,7 @@ import salt.utils.event
 import salt.utils.sdb
 import salt.utils.verify
 from cryptography.hazmat.primitives import serialization
+from salt.exceptions import CommandExecutionError
 
 core = core.fresh()  # after a saltutil.sync, the files it brought, not those this process imported first
 
@@ -360,6 +361,7 @@ def _claim(minion, rule, key, since, alert=None):
         decide,
         tally=lambda verdict: tally_name("alerted", rule) if acted(verdict) else None,
         outbox=lambda verdict: events if acted(verdict) else (),
+        journal=lambda _verdict: {"key": key, "master": owner},
     )
     if acted(verdict):
         _deliver(events)
@@ -380,6 +382,7 @@ def _complete(minion, rule, key, since, action, events):
         lambda record, _now: complete(record, key, since, _owner()),
         tally=lambda first: tally_name(action, rule) if first else None,
         events=events,
+        key=key,
     )
 
 
@@ -393,15 +396,24 @@ def _release(minion, rule, key, action, events):
         lambda record, _now: release(record, key, _owner(), True),
         tally=lambda released: tally_name(action, rule) if released else None,
         events=events,
+        key=key,
     )
 
 
-def _recorded(minion, rule, change, tally, events):
-    """Record what was done and deliver its events. When the store cannot take it, the events go
-    on the bus all the same, and the claim stays until its lease runs out and the occurrence is
-    triaged again then: acted on twice rather than forgotten."""
+def _recorded(minion, rule, change, tally, events, key):
+    """Record what was done (in the journal too: the finding ``key``, this master) and deliver
+    its events. When the store cannot take it, the events go on the bus all the same, and the
+    claim stays until its lease runs out and the occurrence is triaged again then: acted on twice
+    rather than forgotten."""
     try:
-        result = _store().update(minion, rule, change, tally=tally, outbox=lambda _result: events)
+        result = _store().update(
+            minion,
+            rule,
+            change,
+            tally=tally,
+            outbox=lambda _result: events,
+            journal=lambda _result: {"key": key, "master": _owner()},
+        )
     except core.store.failures() as error:
         log.error("hana_storage: %s on %s was handled but not recorded: %s", rule, minion, error)
         _deliver(events, recorded=False)
@@ -770,10 +782,22 @@ def tallies():
     return _store().tallies()
 
 
-def report(tgt="*", tgt_type="glob", timeout=None):
+REPORT_FORMATS = ("text", "json", "html")
+
+
+def report(tgt="*", tgt_type="glob", timeout=None, format="text", out=None):  # noqa: A002 - salt-run's word
     """
-    Fleet compliance: audit every targeted minion now and list minion, volume, compliant and
-    the rules failing. A text table by default; the data with ``--out=json`` (or yaml, ...).
+    Fleet compliance: audit every targeted minion now.
+
+    format
+        ``text`` (default): minion, volume, compliant and the rules failing, as a table (the data
+        with ``--out=json``). ``json`` or ``html``: the evidence report a person signs off - the
+        fleet summary, a host-by-rule matrix, each finding with its evidence, the keys' state,
+        what triage did (the store's journal) and the compliance over time (the store keeps the
+        fleet's compliance at each such report) - written to ``out``.
+    out
+        Where the json or html report goes (mode 0640); default
+        ``<cachedir>/hana_storage/reports/evidence-<UTC time>.<format>``.
 
     CLI Example:
 
@@ -781,6 +805,55 @@ def report(tgt="*", tgt_type="glob", timeout=None):
 
         salt-run hana_storage.report
         salt-run hana_storage.report tgt='hana-*' --out=json
+        salt-run hana_storage.report format=html out=/srv/evidence/hana-2026-11.html
+    """
+    if format not in REPORT_FORMATS:
+        raise CommandExecutionError(f"format must be one of {', '.join(REPORT_FORMATS)}, not {format!r}")
+    config = _config()
+    client = salt.client.get_local_client(__opts__["conf_file"])
+    returns = client.cmd(
+        tgt,
+        "hana_storage.audit" if format == "text" else "hana_storage.evidence",
+        tgt_type=tgt_type,
+        timeout=timeout or config["report_timeout"],
+        full_return=True,
+    )
+    if format == "text":
+        fleet = core.report.fleet(returns)
+        if __opts__.get("output"):
+            return fleet
+        return core.report.table(fleet["rows"])
+    now = time.time()
+    store = _store()
+    doc = core.evidence.document(returns, __opts__.get("id", "master"), core.VERSION, now)
+    try:
+        store.add_snapshot(doc["summary"])
+        doc["history"], doc["actions"] = store.history(), store.actions()
+        doc["tallies"] = store.tallies()
+    except core.store.failures() as error:
+        log.error("hana_storage: the report has no history: the store failed: %s", error)
+        doc["history"] = [doc["summary"]]
+    text = json.dumps(doc, indent=1, sort_keys=True) + "\n" if format == "json" else core.evidence.html(doc)
+    if out is None:
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+        out = os.path.join(__opts__["cachedir"], "hana_storage", "reports", f"evidence-{stamp}.{format}")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), mode=0o750, exist_ok=True)
+    core.files.replace_file(out, text.encode(), mode=0o640)
+    return {"written": out, "format": format, "summary": doc["summary"]}
+
+
+def snapshot(tgt="*", tgt_type="glob", timeout=None):
+    """
+    Keep the fleet's compliance now in the store's history, for the evidence report's chart of
+    compliance over time: a fleet audit, nothing else. Schedule it on one master (the shipped
+    conf/master.d/hana-storage.conf runs it hourly); every ``report format=json|html`` keeps one
+    too.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run hana_storage.snapshot
     """
     config = _config()
     client = salt.client.get_local_client(__opts__["conf_file"])
@@ -791,7 +864,13 @@ def report(tgt="*", tgt_type="glob", timeout=None):
         timeout=timeout or config["report_timeout"],
         full_return=True,
     )
-    fleet = core.report.fleet(returns)
-    if __opts__.get("output"):
-        return fleet
-    return core.report.table(fleet["rows"])
+    hosts = {}
+    for minion, ret in returns.items():
+        audit = ret.get("ret") if isinstance(ret, dict) else None
+        if isinstance(audit, dict) and "volumes" in audit and not ret.get("retcode"):
+            hosts[minion] = {"compliant": audit["compliant"], "volumes": audit["volumes"]}
+        else:
+            hosts[minion] = {"error": "no audit returned"}
+    entry = core.evidence.snapshot(hosts, time.time())
+    _store().add_snapshot(entry)
+    return entry

@@ -26,6 +26,7 @@ from . import (  # noqa: F401 - the package's modules, as core.<module> for its 
     crypto,
     dm,
     events,
+    evidence,
     files,
     fio,
     limits,

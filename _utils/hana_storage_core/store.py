@@ -63,7 +63,7 @@ import os
 import threading
 import time
 
-from . import files, limits, rules
+from . import evidence, files, limits, rules
 
 try:
     import redis
@@ -75,6 +75,12 @@ OUTBOX = "outbox"  # the local store's directory (a file per event), the Redis h
 DUE = "outbox-due"  # the Redis sorted set: event_id by when it is due for delivery again
 TALLY_LOG = "tallies.log"  # the local store's completed actions, one line each, counted into TALLY
 ROTATE_BYTES = 1 << 20  # a counted log this large is emptied (about 40,000 actions)
+JOURNAL = "journal"  # each tallied action: when, who, what, its events (the evidence report's history)
+HISTORY = "history"  # the fleet's compliance at each evidence report (core.evidence.snapshot)
+# How much of each the store keeps, newest: a year of hourly snapshots, and some months of a
+# fleet's actions; the local store keeps a file of about JOURNAL_BYTES and the one before it.
+JOURNAL_MAX, HISTORY_MAX = 20000, 9000
+JOURNAL_BYTES = 4 << 20
 WATCH_ATTEMPTS = 50  # a transaction retried this often lost to other masters every time
 REDELIVER = 60  # seconds: an event not confirmed by then is put on a bus again (hana_storage:lease)
 OUTBOX_TAGS = ("hana/storage/alert", "hana/storage/remediation")  # the only events the outbox holds
@@ -178,6 +184,32 @@ def tally_name(action, rule):
     if action not in TALLY_ACTIONS or rule not in rules.RULES:
         raise ValueError(f"triage tallies no {action!r} of {rule!r}")
     return f"{action}|{rule}"
+
+
+def journal_entry(now, minion, rule, tally, events, extra):
+    """What the journal keeps of an action the store tallied (``tally``: its tally name)."""
+    return {
+        "ts": round(now, 3),
+        "minion": minion,
+        "rule": rule,
+        "action": tally.partition("|")[0],
+        "event_ids": [e["event_id"] for e in events],
+        **{k: v for k, v in (extra or {}).items() if k in ("key", "master") and isinstance(v, str)},
+    }
+
+
+def valid_journal_entry(entry):
+    """A journal entry as journal_entry makes it (read back from what anyone may have written)."""
+    return (
+        isinstance(entry, dict)
+        and isinstance(entry.get("ts"), int | float)
+        and isinstance(entry.get("minion"), str)
+        and entry.get("rule") in rules.RULES
+        and entry.get("action") in TALLY_ACTIONS
+        and isinstance(entry.get("event_ids"), list)
+        and all(isinstance(e, str) for e in entry["event_ids"])
+        and all(isinstance(entry.get(k, ""), str) for k in ("key", "master"))
+    )
 
 
 def known_tallies(counts, where):
@@ -387,22 +419,74 @@ class LocalStore:
                     break
         return claimed
 
-    def update(self, minion, rule, change, tally=None, outbox=None):
+    def update(self, minion, rule, change, tally=None, outbox=None, journal=None):
         """``change(record, now)``'s return, the record written back if it changed; ``tally``
         (a function of that return: a tally name or None) counted once the record is written;
         ``outbox`` (a function of it: events ``{"event_id", "tag", "data"}``) added to the outbox
         before the record is written, under the record's lock: a master that dies between the two
         leaves an event of an action it did not record, delivered, and acted on again (never an
-        action recorded and lost)."""
+        action recorded and lost). A tallied action is also kept in the journal, with what
+        ``journal`` (a function of the return: {"key", "master"}) adds."""
         with self._locked(f"{minion}@{rule}") as (record, now):
             result = change(record, now)
-            for event in outbox(result) if outbox else ():
+            events = list(outbox(result)) if outbox else []
+            for event in events:
                 self._add(event, now + self.redeliver)
         name = tally(result) if tally else None
         if name:
             with self._file_lock(TALLY_LOG + ".lock", fcntl.LOCK_SH):
                 self._append(TALLY_LOG, f"{name}\n")
+            entry = journal_entry(now, minion, rule, name, events, journal(result) if journal else None)
+            self._keep(JOURNAL, entry)
         return result
+
+    def _keep(self, name, entry):
+        """Append ``entry`` to the kept log ``name`` (a JSON line); a log past JOURNAL_BYTES becomes
+        ``name.1`` (the one before is dropped), under an exclusive lock while appends share one."""
+        line = json.dumps(entry, sort_keys=True, separators=(",", ":")) + "\n"
+        with self._file_lock(f"{name}.lock", fcntl.LOCK_SH):
+            self._append(f"{name}.log", line)
+        path = os.path.join(self.root, f"{name}.log")
+        try:
+            big = os.path.getsize(path) > JOURNAL_BYTES
+        except OSError:
+            big = False
+        if big:
+            with self._file_lock(f"{name}.lock", fcntl.LOCK_EX):
+                if os.path.getsize(path) > JOURNAL_BYTES:
+                    os.replace(path, path + ".1")
+
+    def _kept(self, name, valid, limit):
+        """The newest ``limit`` entries of the kept log ``name`` that ``valid`` accepts, oldest first."""
+        entries = []
+        with self._file_lock(f"{name}.lock", fcntl.LOCK_SH):
+            for suffix in (".log.1", ".log"):
+                try:
+                    with open(
+                        os.path.join(self.root, name + suffix), encoding="utf-8", errors="replace"
+                    ) as log:
+                        for line in log:
+                            try:
+                                entry = json.loads(line)
+                            except ValueError:
+                                continue  # a line cut short by a master that died: not an entry
+                            if valid(entry):
+                                entries.append(entry)
+                except FileNotFoundError:
+                    continue
+        return entries[-limit:]
+
+    def actions(self, limit=JOURNAL_MAX):
+        """What triage did (journal entries), oldest first."""
+        return self._kept(JOURNAL, valid_journal_entry, limit)
+
+    def add_snapshot(self, entry):
+        """Keep the fleet's compliance (core.evidence.snapshot) in the history."""
+        self._keep(HISTORY, entry)
+
+    def history(self, limit=HISTORY_MAX):
+        """The kept snapshots, oldest first."""
+        return self._kept(HISTORY, evidence.valid_snapshot, limit)
 
     def tallies(self):
         """The counts, with the lines the log holds beyond ``offset`` (how far it is counted)
@@ -502,7 +586,7 @@ class RedisStore:
         self.prefix = prefix
         self.redeliver = redeliver
 
-    def update(self, minion, rule, change, tally=None, outbox=None):
+    def update(self, minion, rule, change, tally=None, outbox=None, journal=None):
         name = f"action:{minion}@{rule}"
         key = self.prefix + name
 
@@ -523,9 +607,14 @@ class RedisStore:
             pipe.multi()
             if dump(record) != before:
                 pipe.set(key, seal(self.secret, name, dump(record)))
+            events = list(outbox(result)) if outbox else []
             if tally_name:
                 pipe.hincrby(self.prefix + TALLY, tally_name, 1)
-            for event in outbox(result) if outbox else ():
+                entry = journal_entry(
+                    now, minion, rule, tally_name, events, journal(result) if journal else None
+                )
+                self._keep(pipe, JOURNAL, entry, JOURNAL_MAX)
+            for event in events:
                 text = json.dumps(event, sort_keys=True, default=str)
                 pipe.hset(
                     self.prefix + OUTBOX,
@@ -602,6 +691,45 @@ class RedisStore:
         except redis.RedisError as error:
             raise StoreError(f"the redis store: {error}") from None
         return known_tallies(counts, f"Redis ({self.prefix})")
+
+    def _keep(self, pipe, name, entry, most):
+        """Queue ``entry`` onto the list ``name`` (newest first, sealed under the list's name: a
+        Redis writer can drop or repeat entries, not make one), trimmed to ``most``."""
+        text = json.dumps(entry, sort_keys=True, separators=(",", ":"))
+        pipe.lpush(self.prefix + name, seal(self.secret, name, text))
+        pipe.ltrim(self.prefix + name, 0, most - 1)
+
+    def _kept(self, name, valid, limit):
+        try:
+            sealed = self.client.lrange(self.prefix + name, 0, limit - 1)
+        except redis.RedisError as error:
+            raise StoreError(f"the redis store: {error}") from None
+        entries = []
+        for value in reversed(sealed):
+            text = unseal(self.secret, name, value)
+            try:
+                entry = json.loads(text) if text is not None else None
+            except ValueError:
+                entry = None
+            if valid(entry):
+                entries.append(entry)
+            else:
+                _note((name, "invalid"), "hana_storage: entries of %s in Redis do not verify: left out", name)
+        return entries
+
+    def actions(self, limit=JOURNAL_MAX):
+        return self._kept(JOURNAL, valid_journal_entry, limit)
+
+    def add_snapshot(self, entry):
+        try:
+            with self.client.pipeline() as pipe:
+                self._keep(pipe, HISTORY, entry, HISTORY_MAX)
+                pipe.execute()
+        except redis.RedisError as error:
+            raise StoreError(f"the redis store: {error}") from None
+
+    def history(self, limit=HISTORY_MAX):
+        return self._kept(HISTORY, evidence.valid_snapshot, limit)
 
 
 _OPENED = {}  # one store (and Redis connection pool, shared by threads) per settings

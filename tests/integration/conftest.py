@@ -3,6 +3,7 @@
 import pytest
 import yaml
 
+from tests.conftest import REPO
 from tests.support.master import formula_master
 
 pytestmark = pytest.mark.integration
@@ -18,10 +19,12 @@ def pillar_tree(tmp_path_factory):
 
 @pytest.fixture(scope="package")
 def master(salt_factories, pillar_tree):
-    # file_recv: the openscap module pushes its results to the master (tests/integration/test_openscap_minion.py)
-    factory = salt_factories.salt_master_daemon(
-        "hana-master", overrides=formula_master(pillar_tree, file_recv=True)
+    # file_recv: the openscap module pushes its results to the master (test_openscap_minion.py);
+    # the runner makes the evidence report (test_evidence_report.py)
+    overrides = formula_master(
+        pillar_tree, file_recv=True, runner_dirs=[str(REPO / "_runners")], utils_dirs=[str(REPO / "_utils")]
     )
+    factory = salt_factories.salt_master_daemon("hana-master", overrides=overrides)
     with factory.started(start_timeout=120):
         yield factory
 

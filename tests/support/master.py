@@ -42,7 +42,9 @@ def shipped_reactor():
 def shipped_settings():
     """The master settings of conf/master.d/hana-storage.conf other than its paths (file roots,
     reactor map, engines): the triage settings and the large-fleet settings, as shipped."""
-    return {k: v for k, v in shipped_conf().items() if k not in ("file_roots", "reactor", "engines")}
+    return {
+        k: v for k, v in shipped_conf().items() if k not in ("file_roots", "reactor", "engines", "schedule")
+    }
 
 
 def pillar_tree(root, storage):

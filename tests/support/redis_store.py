@@ -17,7 +17,7 @@ from tests.support.master import free_port
 # keys under a prefix given before it (``~hana_storage:*``, or one cluster's ``~hana_storage:<id>:*``).
 STORE_ACL = (
     "resetchannels -@all +get +set +time +watch +unwatch +multi +exec +discard +hincrby +hgetall +hset"
-    " +hdel +hmget +zadd +zrem +zrangebyscore"
+    " +hdel +hmget +zadd +zrem +zrangebyscore +lpush +ltrim +lrange"
 )
 
 

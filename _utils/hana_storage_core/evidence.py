@@ -1,0 +1,688 @@
+"""The evidence report a person signs off: the fleet's audit, the keys' state and what triage
+did, as one JSON document (its schema: SCHEMA) and as one self-contained HTML page. Pure code.
+
+``host_evidence`` is a minion's part (hana_storage.evidence): its audit, each finding with the
+facts it was judged on (the device's dm table, its LUKS header's summary - parsed, so never key
+material), and the state of each volume's keys (source, key file mode and age, Tang servers and
+the thumbprints each device's Clevis binding names, header backups and their dates).
+``document`` is the master's (salt-run hana_storage.report format=json|html): every host's part,
+the fleet summary, the rule table with the controls of each rule, the compliance history and the
+actions the triage store recorded. ``html`` renders a document: inline CSS and SVG, no script,
+no fetch (its Content-Security-Policy forbids both), every value escaped.
+"""
+
+import datetime
+import html as html_module
+
+from . import controls as control_table
+from . import rules as rule_table
+
+SCHEMA_ID = "urn:hana-storage-formula:evidence:1"
+MAX_ACTIONS_SHOWN = 500  # the newest actions in the HTML; the JSON has every one the store keeps
+
+
+# ---- a host's part --------------------------------------------------------------------------------
+
+
+def host_evidence(plan, facts, report, host, audited):
+    """A minion's evidence: ``report`` (core.rules.audit of ``plan`` over ``facts``) with each
+    finding's facts, and the keys' state."""
+    devices = facts.get("devices", {})
+    by_path = {d["path"]: name for name, d in devices.items()}
+    by_path.update({f"/dev/{name}": name for name in devices})
+    findings = []
+    for finding in report["findings"]:
+        name = by_path.get(finding.get("device"))
+        found = {k: finding.get(k) for k in FINDING_FIELDS}
+        found["evidence"] = {
+            "dm_table": (devices.get(name) or {}).get("table") or [],
+            "luks_header": _header_summary(_header_at(facts, devices, name)),
+        }
+        findings.append(found)
+    return {
+        "host": host,
+        "audited": int(audited),
+        "compliant": report["compliant"],
+        "volumes": {
+            name: {
+                "mountpoint": volume.get("mountpoint"),
+                "compliant": volume.get("compliant"),
+                "rules": list(volume.get("rules", [])),
+            }
+            for name, volume in sorted(report["volumes"].items())
+        },
+        "findings": findings,
+        "keys": {
+            name: _key_state(volume, facts, devices) for name, volume in sorted(plan["volumes"].items())
+        },
+    }
+
+
+FINDING_FIELDS = (
+    "rule",
+    "severity",
+    "volume",
+    "mountpoint",
+    "device",
+    "expected",
+    "actual",
+    "remediation",
+    "message",
+)
+
+
+def _header_at(facts, devices, name):
+    """The LUKS header behind the device ``name``: its own (a LUKS device), or its backing
+    device's (a crypt mapping)."""
+    if name is None:
+        return None
+    headers = facts.get("headers", {})
+    if name in headers:
+        return headers[name]
+    device = devices.get(name) or {}
+    for segment in device.get("table", []):
+        if segment.get("target") == "crypt" and segment.get("device_name") in headers:
+            return headers[segment["device_name"]]
+    return None
+
+
+def _header_summary(header):
+    """What an auditor reads of a LUKS header: never a salt, digest or key."""
+    if not header:
+        return None
+    if "error" in header:
+        return {"error": str(header["error"])}
+    return {
+        "version": header.get("version"),
+        "uuid": header.get("uuid"),
+        "cipher": header.get("cipher"),
+        "key_size": header.get("key_size"),
+        "sector_size": header.get("sector_size"),
+        "flags": list(header.get("flags", [])),
+        "keyslots": [
+            {"id": k.get("id"), "type": k.get("type"), "kdf": (k.get("kdf") or {}).get("type")}
+            for k in header.get("keyslots", [])
+        ],
+        "clevis": [_binding(t) for t in header.get("tokens", []) if t.get("type") == "clevis"],
+        "degraded": bool(header.get("degraded")),
+    }
+
+
+def _binding(token):
+    clevis = token.get("clevis") or {}
+    return {
+        "keyslots": [str(k) for k in token.get("keyslots", [])],
+        "threshold": clevis.get("threshold"),
+        "servers": [
+            {"url": s.get("url"), "thumbprints": list(s.get("thumbprints", []))}
+            for s in clevis.get("servers", [])
+        ],
+    }
+
+
+def _key_state(volume, facts, devices):
+    key = volume["key"]
+    key_file = (facts.get("key_files") or {}).get(key.get("file")) if key.get("file") else None
+    by_crypt = {d["dm_name"]: n for n, d in devices.items() if d.get("kind") == "crypt"}
+    crypts = []
+    for crypt in volume.get("crypt", []):
+        name = by_crypt.get(crypt["name"])
+        header = (
+            _header_at(facts, devices, name)
+            if name
+            else (facts.get("closed_headers") or {}).get(crypt["name"])
+        )
+        backup_path = crypt.get("header_backup")
+        backup = (facts.get("header_backups") or {}).get(backup_path) if backup_path else None
+        problem = None
+        if backup is not None and header and "error" not in header:
+            slots = (facts.get("backup_keyslots") or {}).get(crypt["name"]) or {}
+            problem = rule_table.header_backup_problem(
+                backup,
+                header,
+                key.get("tang") if key.get("source") == "tang" else None,
+                slots.get("live_opens", []),
+                slots.get("retired", []),
+            )
+        summary = _header_summary(header)
+        crypts.append(
+            {
+                "crypt": crypt["name"],
+                "device": crypt.get("device"),
+                "open": name is not None,
+                "luks_uuid": (summary or {}).get("uuid"),
+                "keyslots": len((summary or {}).get("keyslots") or []),
+                "clevis": (summary or {}).get("clevis") or [],
+                "header_backup": None
+                if backup_path is None
+                else {
+                    "path": backup_path,
+                    "exists": bool(backup and backup.get("exists")),
+                    "modified": _int_or_none((backup or {}).get("mtime")),
+                    "state": "current"
+                    if backup and problem is None
+                    else (problem or {}).get("code", "unknown"),
+                },
+            }
+        )
+    return {
+        "source": key.get("source"),
+        "key_file": None
+        if not key_file
+        else {
+            "path": key.get("file"),
+            "exists": bool(key_file.get("exists")),
+            "mode": f"{key_file['mode']:04o}" if isinstance(key_file.get("mode"), int) else None,
+            "uid": key_file.get("uid"),
+            "modified": _int_or_none(key_file.get("mtime")),
+        },
+        "rotating": bool(key.get("previous")),
+        "tang": [
+            {"url": s.get("url"), "thumbprint": s.get("thumbprint")}
+            for s in ((key.get("tang") or {}).get("servers") or [])
+        ],
+        "devices": crypts,
+    }
+
+
+def _int_or_none(value):
+    return int(value) if isinstance(value, int | float) else None
+
+
+# ---- the fleet's document -------------------------------------------------------------------------
+
+
+def document(returns, master, version, generated, history=(), actions=(), tallies=None):
+    """The evidence document of a fleet: ``returns`` (LocalClient full returns of
+    hana_storage.evidence), the store's ``history`` (compliance snapshots, oldest first),
+    ``actions`` (what triage did, oldest first) and ``tallies``; ``generated`` epoch seconds."""
+    hosts = {}
+    for minion in sorted(returns):
+        ret = returns[minion]
+        part = ret.get("ret") if isinstance(ret, dict) else None
+        if not isinstance(part, dict) or "volumes" not in part or ret.get("retcode"):
+            error = part if isinstance(part, str) else "no evidence returned"
+            hosts[minion] = {"host": minion, "error": (error.strip().splitlines() or [""])[-1][:300]}
+        else:
+            hosts[minion] = dict(part, host=minion)  # the id the master knows it by
+    return {
+        "$schema": SCHEMA_ID,
+        "generated": int(generated),
+        "master": master,
+        "formula": version,
+        "summary": snapshot(hosts, generated),
+        "rules": {
+            rule_id: {
+                "severity": rule.severity,
+                "title": rule.title,
+                "remediation": rule.remediation,
+                "controls": list(rule.controls),
+            }
+            for rule_id, rule in rule_table.RULES.items()
+        },
+        "controls": {
+            key: {"catalogue": c.catalogue, "ident": c.ident, "title": c.title, "note": c.note}
+            for key, c in control_table.CONTROLS.items()
+        },
+        "hosts": hosts,
+        "history": list(history),
+        "actions": list(actions),
+        "tallies": dict(tallies or {}),
+    }
+
+
+def snapshot(hosts, when):
+    """The fleet's compliance at ``when``: what the store's history keeps per report."""
+    audited = [h for h in hosts.values() if "error" not in h]
+    volumes = [v for h in audited for v in h["volumes"].values()]
+    compliant_volumes = sum(1 for v in volumes if v.get("compliant"))
+    return {
+        "ts": int(when),
+        "hosts": len(hosts),
+        "compliant_hosts": sum(1 for h in audited if h.get("compliant")),
+        "errors": len(hosts) - len(audited),
+        "volumes": len(volumes),
+        "compliant_volumes": compliant_volumes,
+        "compliant_share": round(compliant_volumes / len(volumes), 4) if volumes else None,
+    }
+
+
+def valid_snapshot(entry):
+    """A history entry as snapshot makes it (read back from a store anyone may have written to)."""
+    ints = ("ts", "hosts", "compliant_hosts", "errors", "volumes", "compliant_volumes")
+    return (
+        isinstance(entry, dict)
+        and all(type(entry.get(k)) is int and entry[k] >= 0 for k in ints)
+        and entry["compliant_volumes"] <= entry["volumes"]
+        and entry["compliant_hosts"] <= entry["hosts"]
+    )
+
+
+_NAME = {"type": "string", "maxLength": 512}
+_COUNT = {"type": "integer", "minimum": 0}
+
+SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$id": SCHEMA_ID,
+    "title": "hana-storage-formula evidence report",
+    "type": "object",
+    "required": [
+        "$schema",
+        "generated",
+        "master",
+        "formula",
+        "summary",
+        "rules",
+        "hosts",
+        "history",
+        "actions",
+    ],
+    "properties": {
+        "$schema": {"const": SCHEMA_ID},
+        "generated": {"description": "epoch seconds", **_COUNT},
+        "master": _NAME,
+        "formula": _NAME,
+        "summary": {"$ref": "#/$defs/snapshot"},
+        "rules": {
+            "type": "object",
+            "additionalProperties": {
+                "type": "object",
+                "required": ["severity", "title", "remediation", "controls"],
+                "properties": {
+                    "severity": {"enum": ["critical", "high", "medium", "low"]},
+                    "title": {"type": "string"},
+                    "remediation": {"enum": ["auto", "manual"]},
+                    "controls": {"type": "array", "items": {"type": "string"}},
+                },
+            },
+        },
+        "controls": {"type": "object"},
+        "hosts": {"type": "object", "additionalProperties": {"$ref": "#/$defs/host"}},
+        "history": {"type": "array", "items": {"$ref": "#/$defs/snapshot"}},
+        "actions": {"type": "array", "items": {"$ref": "#/$defs/action"}},
+        "tallies": {"type": "object", "additionalProperties": _COUNT},
+    },
+    "$defs": {
+        "snapshot": {
+            "type": "object",
+            "required": ["ts", "hosts", "compliant_hosts", "errors", "volumes", "compliant_volumes"],
+            "properties": {
+                "ts": _COUNT,
+                "hosts": _COUNT,
+                "compliant_hosts": _COUNT,
+                "errors": _COUNT,
+                "volumes": _COUNT,
+                "compliant_volumes": _COUNT,
+                "compliant_share": {"type": ["number", "null"], "minimum": 0, "maximum": 1},
+            },
+        },
+        "action": {
+            "type": "object",
+            "required": ["ts", "minion", "rule", "action"],
+            "properties": {
+                "ts": {"type": "number"},
+                "minion": _NAME,
+                "rule": _NAME,
+                "action": {"enum": ["alerted", "remediated", "remediation-failed"]},
+                "key": _NAME,
+                "master": _NAME,
+                "event_ids": {"type": "array", "items": _NAME},
+            },
+        },
+        "host": {
+            "oneOf": [
+                {
+                    "type": "object",
+                    "required": ["host", "error"],
+                    "properties": {"host": _NAME, "error": {"type": "string"}},
+                    "additionalProperties": False,
+                },
+                {
+                    "type": "object",
+                    "required": ["host", "audited", "compliant", "volumes", "findings", "keys"],
+                    "properties": {
+                        "host": _NAME,
+                        "audited": _COUNT,
+                        "compliant": {"type": "boolean"},
+                        "volumes": {"type": "object"},
+                        "findings": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "required": ["rule", "severity", "volume", "device", "message", "evidence"],
+                            },
+                        },
+                        "keys": {"type": "object"},
+                    },
+                },
+            ]
+        },
+    },
+}
+
+
+# ---- the page -------------------------------------------------------------------------------------
+
+
+def _e(value):
+    return html_module.escape("" if value is None else str(value), quote=True)
+
+
+def _date(epoch):
+    if not isinstance(epoch, int | float):
+        return "-"
+    return datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+STYLE = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1b1f24;margin:0;background:#f6f7f9}
+main{max-width:1200px;margin:0 auto;padding:24px}
+h1{font-size:24px;margin:0 0 4px}h2{font-size:18px;margin:32px 0 8px;border-bottom:1px solid #d0d4da;padding-bottom:4px}
+h3{font-size:15px;margin:20px 0 6px}
+.meta{color:#57606a}.cards{display:flex;flex-wrap:wrap;gap:12px;margin:16px 0}
+.card{background:#fff;border:1px solid #d0d4da;border-radius:6px;padding:12px 16px;min-width:150px}
+.card b{display:block;font-size:22px}.ok{color:#1a7f37}.bad{color:#cf222e}.warn{color:#9a6700}
+table{border-collapse:collapse;width:100%;background:#fff;margin:6px 0 12px;table-layout:auto}
+th,td{border:1px solid #d0d4da;padding:4px 6px;text-align:left;vertical-align:top;overflow-wrap:break-word}
+td code,td pre{overflow-wrap:anywhere}.nowrap{white-space:nowrap}
+th{background:#eef0f3;font-weight:600}
+td.pass{background:#dafbe1;text-align:center}td.fail{background:#ffebe9;text-align:center;font-weight:600}
+td.err{background:#fff8c5;text-align:center}
+.matrix{overflow-x:auto}.matrix th.rule{writing-mode:vertical-rl;transform:rotate(180deg);white-space:nowrap;font-size:12px}
+code,pre{font:12px/1.35 ui-monospace,SFMono-Regular,Menlo,monospace}pre{white-space:pre-wrap;margin:0}
+.charts{display:flex;flex-wrap:wrap;gap:16px}.chart{background:#fff;border:1px solid #d0d4da;border-radius:6px;padding:8px}
+.signoff{background:#fff;border:1px solid #d0d4da;border-radius:6px;padding:16px;margin-top:24px}
+.signoff td{height:36px}
+@media print{body{background:#fff}main{max-width:none}.matrix{overflow:visible}}
+"""
+
+
+def html(doc):
+    """The evidence document as one HTML page."""
+    summary, hosts = doc["summary"], doc["hosts"]
+    share = summary.get("compliant_share")
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        # nothing to fetch and nothing to run: the page is all there is
+        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">",
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>HANA storage evidence - {_e(doc['master'])} - {_e(_date(doc['generated']))}</title>",
+        f"<style>{STYLE}</style></head><body><main>",
+        "<h1>Encrypted SAP HANA storage: compliance evidence</h1>",
+        f'<p class="meta">Generated {_e(_date(doc["generated"]))} by salt-master <b>{_e(doc["master"])}</b> with '
+        f"hana-storage-formula {_e(doc['formula'])}. Each host was audited when the report was made; the audit "
+        "reads the live system (device-mapper tables, LUKS headers, LVM, mounts) and never key material.</p>",
+        '<section id="summary"><h2>Fleet summary</h2><div class="cards">',
+        _card("Hosts", summary["hosts"]),
+        _card(
+            "Compliant hosts",
+            summary["compliant_hosts"],
+            "ok" if summary["compliant_hosts"] == summary["hosts"] else "bad",
+        ),
+        _card("Hosts not audited", summary["errors"], "warn" if summary["errors"] else "ok"),
+        _card("Volumes", summary["volumes"]),
+        _card(
+            "Compliant volumes",
+            f"{summary['compliant_volumes']} ({_percent(share)})",
+            "ok" if share == 1 else "bad",
+        ),
+        "</div></section>",
+        '<section id="charts"><h2>Compliance over time and findings by rule</h2><div class="charts">',
+        _history_chart(doc["history"]),
+        _rule_chart(hosts, doc["rules"]),
+        "</div></section>",
+        _matrix(hosts, doc["rules"]),
+        _findings(hosts, doc["rules"]),
+        _keys(hosts),
+        _actions(doc["actions"]),
+        _rules(doc["rules"], doc.get("controls", {})),
+        _signoff(),
+        "</main></body></html>",
+    ]
+    return "\n".join(parts) + "\n"
+
+
+def _card(label, value, tone=""):
+    return f'<div class="card">{_e(label)}<b class="{tone}">{_e(value)}</b></div>'
+
+
+def _percent(share):
+    return "-" if share is None else f"{share * 100:.1f} %"
+
+
+def _history_chart(history, width=520, height=200):
+    points = [h for h in history if h.get("compliant_share") is not None]
+    title = "Compliant volumes over time (each report run)"
+    if len(points) < 2:
+        return (
+            f'<figure class="chart" id="history-chart"><figcaption>{title}</figcaption>'
+            f"<p>{len(points)} report run(s) in the store's history so far: the chart starts at two.</p></figure>"
+        )
+    left, right, top, bottom = 44, 12, 10, 28
+    first, last = points[0]["ts"], points[-1]["ts"]
+    span = max(last - first, 1)
+
+    def x(ts):
+        return left + (ts - first) / span * (width - left - right)
+
+    def y(share):
+        return top + (1 - share) * (height - top - bottom)
+
+    line = " ".join(f"{x(p['ts']):.1f},{y(p['compliant_share']):.1f}" for p in points)
+    grid = "".join(
+        f'<line x1="{left}" x2="{width - right}" y1="{y(s):.1f}" y2="{y(s):.1f}" stroke="#d0d4da"/>'
+        f'<text x="{left - 6}" y="{y(s) + 4:.1f}" text-anchor="end" font-size="11">{int(s * 100)}%</text>'
+        for s in (0, 0.5, 1)
+    )
+    dots = "".join(
+        f'<circle cx="{x(p["ts"]):.1f}" cy="{y(p["compliant_share"]):.1f}" r="3" fill="#0969da">'
+        f"<title>{_e(_date(p['ts']))}: {_percent(p['compliant_share'])}</title></circle>"
+        for p in points
+    )
+    labels = (
+        f'<text x="{left}" y="{height - 8}" font-size="11">{_e(_date(first)[:10])}</text>'
+        f'<text x="{width - right}" y="{height - 8}" font-size="11" text-anchor="end">{_e(_date(last)[:10])}</text>'
+    )
+    return (
+        f'<figure class="chart" id="history-chart"><figcaption>{title}</figcaption>'
+        f'<svg width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
+        f'aria-label="{title}">{grid}<polyline fill="none" stroke="#0969da" stroke-width="2" points="{line}"/>'
+        f"{dots}{labels}</svg></figure>"
+    )
+
+
+def _rule_chart(hosts, rules, width=520):
+    counts = {}
+    for host in hosts.values():
+        for finding in host.get("findings", []):
+            counts[finding["rule"]] = counts.get(finding["rule"], 0) + 1
+    title = "Findings by rule (volumes and devices failing it)"
+    if not counts:
+        return f'<figure class="chart" id="rule-chart"><figcaption>{title}</figcaption><p>No finding.</p></figure>'
+    ordered = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    bar, label, most = 18, 130, max(counts.values())
+    height = len(ordered) * (bar + 6) + 10
+    colour = {"critical": "#a40e26", "high": "#cf222e", "medium": "#bf8700", "low": "#57606a"}
+    rows = []
+    for index, (rule, count) in enumerate(ordered):
+        y = 5 + index * (bar + 6)
+        length = max(2, (width - label - 40) * count / most)
+        severity = (rules.get(rule) or {}).get("severity", "low")
+        rows.append(
+            f'<text x="{label - 6}" y="{y + 13}" text-anchor="end" font-size="11">{_e(rule)}</text>'
+            f'<rect x="{label}" y="{y}" width="{length:.1f}" height="{bar}" fill="{colour.get(severity, "#57606a")}">'
+            f"<title>{_e(rule)}: {count} ({_e(severity)})</title></rect>"
+            f'<text x="{label + length + 4:.1f}" y="{y + 13}" font-size="11">{count}</text>'
+        )
+    return (
+        f'<figure class="chart" id="rule-chart"><figcaption>{title}</figcaption>'
+        f'<svg width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
+        f'aria-label="{title}">{"".join(rows)}</svg></figure>'
+    )
+
+
+def _matrix(hosts, rules):
+    failing = sorted(
+        {f["rule"] for h in hosts.values() for f in h.get("findings", [])}, key=list(rules).index
+    )
+    head = "".join(f'<th class="rule" title="{_e(rules[r]["title"])}">{_e(r)}</th>' for r in failing)
+    rows = []
+    for name, host in hosts.items():
+        if "error" in host:
+            cells = f'<td class="err" colspan="{len(failing) + 1}">not audited: {_e(host["error"])}</td>'
+        else:
+            fails = {f["rule"] for f in host["findings"]}
+            verdict = (
+                '<td class="pass">compliant</td>'
+                if host["compliant"]
+                else '<td class="fail">not compliant</td>'
+            )
+            cells = verdict + "".join(
+                '<td class="fail">fail</td>' if r in fails else '<td class="pass">pass</td>' for r in failing
+            )
+        rows.append(f'<tr data-host="{_e(name)}"><th scope="row">{_e(name)}</th>{cells}</tr>')
+    note = (
+        f"Every other rule of the table ({len(rules) - len(failing)} of {len(rules)}) passes on every audited host."
+        if failing
+        else f"All {len(rules)} rules pass on every audited host."
+    )
+    return (
+        '<section id="matrix"><h2>Hosts by rule</h2>'
+        f"<p>{_e(note)}</p>"
+        f'<div class="matrix"><table><thead><tr><th>host</th><th>verdict</th>{head}</tr></thead>'
+        f"<tbody>{''.join(rows)}</tbody></table></div></section>"
+    )
+
+
+def _findings(hosts, rules):
+    parts = ['<section id="findings"><h2>Findings and their evidence</h2>']
+    any_finding = False
+    for name, host in hosts.items():
+        findings = host.get("findings") or []
+        if not findings:
+            continue
+        any_finding = True
+        parts.append(
+            f'<h3 id="findings-{_e(name)}">{_e(name)} (audited {_e(_date(host.get("audited")))})</h3>'
+        )
+        parts.append(
+            "<table><thead><tr><th>rule</th><th>severity</th><th>volume</th><th>device</th><th>what was found</th>"
+            "<th>remediation</th><th>evidence</th></tr></thead><tbody>"
+        )
+        for finding in findings:
+            evidence = finding.get("evidence") or {}
+            parts.append(
+                "<tr>"
+                f"<td><b>{_e(finding['rule'])}</b><br>{_e((rules.get(finding['rule']) or {}).get('title'))}</td>"
+                f"<td>{_e(finding.get('severity'))}</td><td>{_e(finding.get('volume'))}</td>"
+                f"<td><code>{_e(finding.get('device'))}</code></td>"
+                f"<td>{_e(finding.get('message'))}</td><td>{_e(finding.get('remediation'))}</td>"
+                f"<td>{_evidence(evidence)}</td></tr>"
+            )
+        parts.append("</tbody></table>")
+    if not any_finding:
+        parts.append("<p>No finding on any audited host.</p>")
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def _evidence(evidence):
+    lines = []
+    for segment in evidence.get("dm_table") or []:
+        shown = {k: v for k, v in segment.items() if k not in ("device_name",)}
+        lines.append("dm: " + " ".join(f"{k}={v}" for k, v in shown.items()))
+    header = evidence.get("luks_header")
+    if header:
+        if "error" in header:
+            lines.append(f"LUKS header: {header['error']}")
+        else:
+            slots = ", ".join(f"{k['id']}:{k['type']}/{k['kdf']}" for k in header["keyslots"])
+            lines.append(
+                f"LUKS{header['version']} {header['uuid']} {header['cipher']} {header['key_size']}-bit "
+                f"{header['sector_size']} B sectors; flags {','.join(header['flags']) or 'none'}; keyslots {slots or 'none'}"
+                + ("; DEGRADED" if header.get("degraded") else "")
+            )
+    return f"<pre>{_e(chr(10).join(lines))}</pre>" if lines else "-"
+
+
+def _keys(hosts):
+    rows = []
+    for name, host in hosts.items():
+        for volume, keys in (host.get("keys") or {}).items():
+            key_file = keys.get("key_file") or {}
+            tang = "; ".join(f"{s['url']} ({s['thumbprint']})" for s in keys.get("tang", [])) or "-"
+            for device in keys.get("devices") or [{}]:
+                backup = device.get("header_backup") or {}
+                bindings = "; ".join(
+                    ", ".join(f"{s['url']} {'/'.join(s['thumbprints'])}" for s in b["servers"])
+                    for b in device.get("clevis", [])
+                )
+                rows.append(
+                    f'<tr data-host="{_e(name)}"><td>{_e(name)}</td><td>{_e(volume)}</td><td>{_e(keys.get("source"))}'
+                    + (" (rotation in progress)" if keys.get("rotating") else "")
+                    + "</td>"
+                    f"<td>{_e(key_file.get('path', '-'))} {_e(key_file.get('mode') or '')}<br>"
+                    f"{_e(_date(key_file.get('modified')) if key_file else '')}</td>"
+                    f"<td>{_e(tang)}</td><td><code>{_e(device.get('crypt', '-'))}</code> "
+                    f"{_e(device.get('luks_uuid') or '')}<br>{_e(device.get('keyslots', '-'))} keyslot(s)</td>"
+                    f"<td>{_e(bindings or '-')}</td>"
+                    f"<td>{_e(backup.get('path', '-'))}<br>{_e(backup.get('state', ''))} "
+                    f"{_e(_date(backup.get('modified')) if backup.get('modified') else '')}</td></tr>"
+                )
+    return (
+        '<section id="keys"><h2>Keys</h2><p>Where each volume\'s key comes from, when its key file last changed '
+        "(the key store's last write), the Tang servers the pillar names and the signing-key thumbprints each "
+        "device's Clevis binding was made with, and each LUKS header backup. No key material is read into this "
+        "report.</p><table><thead><tr><th>host</th><th>volume</th><th>key source</th><th>key file, mode, changed</th>"
+        "<th>Tang servers (pillar)</th><th>device, LUKS UUID</th><th>Clevis bindings</th>"
+        f"<th>header backup</th></tr></thead><tbody>{''.join(rows)}</tbody></table></section>"
+    )
+
+
+def _actions(actions):
+    shown = list(reversed(actions))[:MAX_ACTIONS_SHOWN]
+    rows = "".join(
+        f"<tr><td>{_e(_date(a.get('ts')))}</td><td>{_e(a.get('minion'))}</td><td>{_e(a.get('rule'))}</td>"
+        f"<td>{_e(a.get('action'))}</td><td><code>{_e(a.get('key'))}</code></td><td>{_e(a.get('master'))}</td>"
+        f"<td><code>{_e(' '.join(a.get('event_ids') or []))}</code></td></tr>"
+        for a in shown
+    )
+    more = (
+        f" (the newest {MAX_ACTIONS_SHOWN} of {len(actions)}; the JSON form has all)"
+        if len(actions) > len(shown)
+        else ""
+    )
+    return (
+        '<section id="actions"><h2>Remediation and alert history</h2>'
+        f"<p>What the master's triage did, newest first{_e(more)}: each remediation the minion ran "
+        "(its outcome), each alert, with the event ids the bus carried.</p>"
+        "<table><thead><tr><th>when</th><th>host</th><th>rule</th><th>action</th><th>finding</th><th>by master</th>"
+        f"<th>event ids</th></tr></thead><tbody>{rows or '<tr><td colspan=7>none recorded</td></tr>'}</tbody></table></section>"
+    )
+
+
+def _rules(rules, controls):
+    rows = "".join(
+        f"<tr><td>{_e(rule_id)}</td><td>{_e(rule['severity'])}</td><td>{_e(rule['remediation'])}</td>"
+        f"<td>{_e(rule['title'])}</td><td>{_e(', '.join(_control(c, controls) for c in rule['controls']))}</td></tr>"
+        for rule_id, rule in rules.items()
+    )
+    return (
+        '<section id="rules"><h2>Rules and the controls they give evidence for</h2>'
+        "<table><thead><tr><th>rule</th><th>severity</th><th>remediation</th><th>fails when</th><th>controls</th>"
+        f"</tr></thead><tbody>{rows}</tbody></table></section>"
+    )
+
+
+def _control(key, controls):
+    control = controls.get(key)
+    return f"{control['catalogue']} {control['ident']}" if control else key
+
+
+def _signoff():
+    return (
+        '<section class="signoff" id="signoff"><h2>Sign-off</h2>'
+        "<table><tbody><tr><th>Reviewed by</th><td></td><th>Role</th><td></td></tr>"
+        "<tr><th>Date</th><td></td><th>Signature</th><td></td></tr></tbody></table></section>"
+    )
