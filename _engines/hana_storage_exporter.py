@@ -147,6 +147,15 @@ class Metrics:
             ["minion"],
             registry=registry,
         )
+        # the rule table itself, so a dashboard or an alert can show a rule's controls and severity
+        rule_info = gauge(
+            "hana_storage_rule_info",
+            "Each audit rule (always 1): its severity, remediation and the controls it gives evidence for",
+            ["rule", "severity", "remediation", "controls"],
+            registry=registry,
+        )
+        for rule_id, rule in core.rules.RULES.items():
+            rule_info.labels(rule_id, rule.severity, rule.remediation, ",".join(rule.controls)).set(1)
         self.reports = core.limits.reports(REPORT_INTERVAL)
         self.open = {}  # minion -> core.events.OpenFindings
         self.volumes = {}  # minion -> volumes exported (at most MAX_VOLUMES)

@@ -1693,3 +1693,15 @@ def test_a_redis_writer_cannot_add_series_to_the_exporter(runner, redis_url):
     known = set(rules.RULES) | {"unknown"}
     foreign = {k for k in labels if dict(k)["action"] not in actions or dict(k)["rule"] not in known}
     assert not foreign, f"{len(foreign)} series named by whoever writes to Redis"
+
+
+def test_the_exporter_serves_the_rule_table_with_each_rules_controls(exporter):
+    _module, _metrics, registry = exporter
+    text = generate_latest(registry).decode()
+    info = [line for line in text.splitlines() if line.startswith("hana_storage_rule_info{")]
+    assert len(info) == len(rules.RULES)
+    enc = rules.RULES["HANA-ENC-001"]
+    assert (
+        f'hana_storage_rule_info{{controls="{",".join(enc.controls)}",remediation="manual",'
+        'rule="HANA-ENC-001",severity="critical"} 1.0' in text
+    )
