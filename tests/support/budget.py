@@ -3,9 +3,10 @@
 The time of a module is the sum of its tests' setup, call and teardown, module-scoped fixtures
 (a VM boot, a Salt start) included. At the end of a session every module's time is printed
 beside its budget (tests/budgets.json, seconds) and written to build/test-logs/times-<name>.json
-(the Makefile prints them all at the end of ``make test``). A module over its budget fails the
-session: the suite has a hard limit in CI, and a module that grows is found the day it grows, not
-the day CI stops landing.
+(the Makefile prints them all at the end of ``make test``). A module over its budget is marked
+OVER BUDGET; with HANA_STORAGE_BUDGETS=strict it also fails the session. Strict is for a quiet
+machine (a module that grows is found the day it grows): on a shared CI machine a module's wall
+time measures its neighbours as much as itself, and a green suite that ran slow must still land.
 """
 
 import json
@@ -46,7 +47,7 @@ class ModuleBudget:
                 json.dumps({m: {"seconds": round(s, 1), "budget": b} for m, s, b in self.rows}, indent=1)
                 + "\n"
             )
-        if self.over and session.exitstatus == 0:
+        if self.over and session.exitstatus == 0 and os.environ.get("HANA_STORAGE_BUDGETS") == "strict":
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus, config):
