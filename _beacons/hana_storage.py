@@ -576,7 +576,8 @@ class FullAudit:
         self.thread.start()
 
     def run(self, audit, record=None):
-        """The audit; then ``record`` (hana_storage.scap_record) keeps it for SCAP scans."""
+        """The audit; then ``record`` (hana_storage.scap_record) keeps it for SCAP scans (it takes
+        the audit from the loader's context: no report is passed)."""
         started = time.monotonic()
         try:
             self.report = audit(volumes=None)
@@ -585,7 +586,7 @@ class FullAudit:
         self.seconds = time.monotonic() - started
         if record is not None and self.report is not None:
             try:
-                record(report=self.report)
+                record()
             except Exception as error:  # noqa: BLE001 - SCAP's status goes stale; the beacon goes on
                 log.error("hana_storage beacon: the audit was not recorded for SCAP: %s", error)
 

@@ -290,7 +290,16 @@ def audit(pillar=None, volumes=None):
     report = core.rules.audit(plan, facts)
     for name, disks in facts["disks"].items():  # kernel names, for the beacon to map uevents
         report["volumes"][name]["disks"] = disks
+    if pillar is None and not volumes:
+        __context__[LAST_FULL_AUDIT] = (time.monotonic(), report)  # for scap_record, in-process
     return report
+
+
+# The beacon's full audit, kept in the loader's context for scap_record: the record is made of
+# the host's own audit, never of a report a caller hands it (anyone who may publish
+# hana_storage.* could otherwise write a passing SCAP result for any host).
+LAST_FULL_AUDIT = "hana_storage.last_full_audit"
+FRESH_AUDIT_SECONDS = 60
 
 
 def evidence(pillar=None):
@@ -313,16 +322,14 @@ def evidence(pillar=None):
     return core.evidence.host_evidence(plan, facts, report, __opts__.get("id", ""), time.time())
 
 
-def scap_record(report=None, pillar=None):
+def scap_record():
     """
-    Record an audit where the formula's SCAP data stream reads it, when
-    ``hana:storage:compliance:scap`` is enabled: the status file
+    Record this host's audit against its own pillar where the formula's SCAP data stream reads
+    it, when ``hana:storage:compliance:scap`` is enabled: the status file
     /var/lib/hana-storage/audit.status (rule IDs, volume and device names, the boot and the
     uptime until which it counts; never key material), replaced whole. The beacon records each
-    of its full audits; where no beacon runs, call it before a scan.
-
-    report
-        A full audit's report (``audit``'s); default: a new full audit.
+    of its full audits (this process's full audit of the last minute); where no beacon runs,
+    call it before a scan: it audits now.
 
     Returns ``{"written": the file or None, "error": why not, or None, "compliant"}``.
 
@@ -332,8 +339,12 @@ def scap_record(report=None, pillar=None):
 
         salt '*' hana_storage.scap_record
     """
-    plan = _plan(pillar)
-    report = audit(pillar) if report is None else report
+    plan = _plan()
+    stashed = __context__.get(LAST_FULL_AUDIT)
+    if stashed is not None and time.monotonic() - stashed[0] < FRESH_AUDIT_SECONDS:
+        report = stashed[1]
+    else:
+        report = audit()
     scap = plan["compliance"]["scap"]
     result = {"written": None, "error": None, "compliant": report["compliant"]}
     if not scap["enabled"]:

@@ -864,13 +864,7 @@ def snapshot(tgt="*", tgt_type="glob", timeout=None):
         timeout=timeout or config["report_timeout"],
         full_return=True,
     )
-    hosts = {}
-    for minion, ret in returns.items():
-        audit = ret.get("ret") if isinstance(ret, dict) else None
-        if isinstance(audit, dict) and "volumes" in audit and not ret.get("retcode"):
-            hosts[minion] = {"compliant": audit["compliant"], "volumes": audit["volumes"]}
-        else:
-            hosts[minion] = {"error": "no audit returned"}
+    hosts = core.evidence.host_parts(returns, "verdict")
     entry = core.evidence.snapshot(hosts, time.time())
     _store().add_snapshot(entry)
     return entry

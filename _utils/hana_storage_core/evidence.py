@@ -19,6 +19,8 @@ from . import rules as rule_table
 
 SCHEMA_ID = "urn:hana-storage-formula:evidence:1"
 MAX_ACTIONS_SHOWN = 500  # the newest actions in the HTML; the JSON has every one the store keeps
+MAX_VOLUMES = 64  # a host's volumes (the pillar's volumes have the same bound)
+MAX_FINDINGS = 4096
 
 
 # ---- a host's part --------------------------------------------------------------------------------
@@ -196,15 +198,7 @@ def document(returns, master, version, generated, history=(), actions=(), tallie
     """The evidence document of a fleet: ``returns`` (LocalClient full returns of
     hana_storage.evidence), the store's ``history`` (compliance snapshots, oldest first),
     ``actions`` (what triage did, oldest first) and ``tallies``; ``generated`` epoch seconds."""
-    hosts = {}
-    for minion in sorted(returns):
-        ret = returns[minion]
-        part = ret.get("ret") if isinstance(ret, dict) else None
-        if not isinstance(part, dict) or "volumes" not in part or ret.get("retcode"):
-            error = part if isinstance(part, str) else "no evidence returned"
-            hosts[minion] = {"host": minion, "error": (error.strip().splitlines() or [""])[-1][:300]}
-        else:
-            hosts[minion] = dict(part, host=minion)  # the id the master knows it by
+    hosts = host_parts(returns, "host")
     return {
         "$schema": SCHEMA_ID,
         "generated": int(generated),
@@ -231,19 +225,58 @@ def document(returns, master, version, generated, history=(), actions=(), tallie
     }
 
 
+def host_parts(returns, kind):
+    """Each minion's part of ``returns`` (LocalClient full returns), checked against the schema's
+    ``kind`` ("host": hana_storage.evidence, "verdict": hana_storage.audit). A minion's return is
+    whatever that minion sends: one that does not match (an older or newer formula, a bug, a
+    compromised host) becomes that host's error - "not audited" - and never the fleet's report."""
+    validator = _validator(kind)
+    hosts = {}
+    for minion in sorted(returns):
+        ret = returns[minion]
+        part = ret.get("ret") if isinstance(ret, dict) else None
+        if not isinstance(part, dict) or ret.get("retcode"):
+            error = part if isinstance(part, str) else "no evidence returned"
+            hosts[minion] = {"host": minion, "error": (error.strip().splitlines() or [""])[-1][:300]}
+            continue
+        part = dict(part, host=minion)  # the id the master knows it by
+        problem = next(iter(sorted(validator.iter_errors(part), key=lambda e: list(e.absolute_path))), None)
+        if problem is None:
+            hosts[minion] = part
+        else:
+            where = "/".join(str(p) for p in problem.absolute_path) or "the return"
+            hosts[minion] = {
+                "host": minion,
+                "error": f"its return does not match the evidence schema at {where}: {problem.message}"[:300],
+            }
+    return hosts
+
+
+def _validator(kind):
+    import jsonschema  # imported here so that the module loads without it (the minion's part)
+
+    return jsonschema.Draft202012Validator({"$defs": SCHEMA["$defs"], "$ref": f"#/$defs/{kind}"})
+
+
 def snapshot(hosts, when):
-    """The fleet's compliance at ``when``: what the store's history keeps per report."""
+    """The fleet's compliance at ``when``: what the store's history keeps per report. Hosts weigh
+    alike in ``compliant_share`` (the mean of each audited host's share of compliant volumes):
+    a host that names more volumes does not outvote the others."""
     audited = [h for h in hosts.values() if "error" not in h]
     volumes = [v for h in audited for v in h["volumes"].values()]
-    compliant_volumes = sum(1 for v in volumes if v.get("compliant"))
+    shares = [
+        sum(1 for v in h["volumes"].values() if v["compliant"]) / len(h["volumes"])
+        for h in audited
+        if h["volumes"]
+    ]
     return {
         "ts": int(when),
         "hosts": len(hosts),
-        "compliant_hosts": sum(1 for h in audited if h.get("compliant")),
+        "compliant_hosts": sum(1 for h in audited if h["compliant"]),
         "errors": len(hosts) - len(audited),
         "volumes": len(volumes),
-        "compliant_volumes": compliant_volumes,
-        "compliant_share": round(compliant_volumes / len(volumes), 4) if volumes else None,
+        "compliant_volumes": sum(1 for v in volumes if v["compliant"]),
+        "compliant_share": round(sum(shares) / len(shares), 4) if shares else None,
     }
 
 
@@ -259,7 +292,21 @@ def valid_snapshot(entry):
 
 
 _NAME = {"type": "string", "maxLength": 512}
+_OPTIONAL_NAME = {"type": ["string", "null"], "maxLength": 4096}
+_TEXT = {"type": "string", "maxLength": 4096}
 _COUNT = {"type": "integer", "minimum": 0}
+_EPOCH = {
+    "description": "epoch seconds (up to the year 9999)",
+    "type": "integer",
+    "minimum": 0,
+    "maximum": 253402300799,
+}
+_OPTIONAL_EPOCH = dict(_EPOCH, type=["integer", "null"])
+_SCALAR = {"type": ["string", "integer", "boolean", "null"], "maxLength": 4096}
+_FIELD = dict(_SCALAR, type=[*_SCALAR["type"], "array"], maxItems=64, items=_SCALAR)
+_RULE_ID = {"description": "a rule this master knows", "enum": list(rule_table.RULES)}
+_SEVERITY = {"enum": ["critical", "high", "medium", "low"]}
+_VOLUME_NAME = {"pattern": "^[a-z][a-z0-9_]{0,15}$"}
 
 SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -289,7 +336,7 @@ SCHEMA = {
                 "type": "object",
                 "required": ["severity", "title", "remediation", "controls"],
                 "properties": {
-                    "severity": {"enum": ["critical", "high", "medium", "low"]},
+                    "severity": _SEVERITY,
                     "title": {"type": "string"},
                     "remediation": {"enum": ["auto", "manual"]},
                     "controls": {"type": "array", "items": {"type": "string"}},
@@ -313,7 +360,12 @@ SCHEMA = {
                 "errors": _COUNT,
                 "volumes": _COUNT,
                 "compliant_volumes": _COUNT,
-                "compliant_share": {"type": ["number", "null"], "minimum": 0, "maximum": 1},
+                "compliant_share": {
+                    "description": "the mean of each audited host's share of compliant volumes (hosts weigh alike)",
+                    "type": ["number", "null"],
+                    "minimum": 0,
+                    "maximum": 1,
+                },
             },
         },
         "action": {
@@ -329,33 +381,215 @@ SCHEMA = {
                 "event_ids": {"type": "array", "items": _NAME},
             },
         },
-        "host": {
-            "oneOf": [
-                {
+        "host": {"oneOf": [{"$ref": "#/$defs/not_audited"}, {"$ref": "#/$defs/audited"}]},
+        "not_audited": {
+            "type": "object",
+            "required": ["host", "error"],
+            "properties": {"host": _NAME, "error": _TEXT},
+            "additionalProperties": False,
+        },
+        "verdict": {
+            "description": "what a fleet snapshot reads of a host's audit",
+            "type": "object",
+            "required": ["host", "compliant", "volumes"],
+            "properties": {
+                "host": _NAME,
+                "compliant": {"type": "boolean"},
+                "volumes": {"$ref": "#/$defs/volumes"},
+            },
+        },
+        "audited": {
+            "type": "object",
+            "required": ["host", "audited", "compliant", "volumes", "findings", "keys"],
+            "additionalProperties": False,
+            "properties": {
+                "host": _NAME,
+                "audited": _EPOCH,
+                "compliant": {"type": "boolean"},
+                "volumes": {"$ref": "#/$defs/volumes"},
+                "findings": {"type": "array", "maxItems": MAX_FINDINGS, "items": {"$ref": "#/$defs/finding"}},
+                "keys": {
                     "type": "object",
-                    "required": ["host", "error"],
-                    "properties": {"host": _NAME, "error": {"type": "string"}},
-                    "additionalProperties": False,
+                    "maxProperties": MAX_VOLUMES,
+                    "propertyNames": _VOLUME_NAME,
+                    "additionalProperties": {"$ref": "#/$defs/keys"},
                 },
-                {
+            },
+        },
+        "volumes": {
+            "type": "object",
+            "maxProperties": MAX_VOLUMES,
+            "propertyNames": _VOLUME_NAME,
+            "additionalProperties": {
+                "type": "object",
+                "required": ["compliant"],
+                "properties": {
+                    "mountpoint": _OPTIONAL_NAME,
+                    "compliant": {"type": "boolean"},
+                    "rules": {"type": "array", "maxItems": len(rule_table.RULES), "items": _RULE_ID},
+                },
+            },
+        },
+        "finding": {
+            "type": "object",
+            "required": ["rule", "severity", "volume", "device", "message", "evidence"],
+            "additionalProperties": False,
+            "properties": {
+                "rule": _RULE_ID,
+                "severity": _SEVERITY,
+                "volume": _OPTIONAL_NAME,
+                "mountpoint": _OPTIONAL_NAME,
+                "device": _OPTIONAL_NAME,
+                "expected": {"description": "what the pillar asks (any JSON value)"},
+                "actual": {"description": "what the host has (any JSON value)"},
+                "remediation": {"enum": ["auto", "manual", None]},
+                "message": _TEXT,
+                "evidence": {
                     "type": "object",
-                    "required": ["host", "audited", "compliant", "volumes", "findings", "keys"],
+                    "required": ["dm_table", "luks_header"],
+                    "additionalProperties": False,
                     "properties": {
-                        "host": _NAME,
-                        "audited": _COUNT,
-                        "compliant": {"type": "boolean"},
-                        "volumes": {"type": "object"},
-                        "findings": {
+                        "dm_table": {
                             "type": "array",
-                            "items": {
-                                "type": "object",
-                                "required": ["rule", "severity", "volume", "device", "message", "evidence"],
-                            },
+                            "maxItems": 1024,
+                            "items": {"type": "object", "additionalProperties": _FIELD},
                         },
-                        "keys": {"type": "object"},
+                        "luks_header": {
+                            "oneOf": [
+                                {"type": "null"},
+                                {
+                                    "type": "object",
+                                    "required": ["error"],
+                                    "properties": {"error": _TEXT},
+                                    "additionalProperties": False,
+                                },
+                                {"$ref": "#/$defs/luks_header"},
+                            ]
+                        },
                     },
                 },
-            ]
+            },
+        },
+        "luks_header": {
+            "description": "a LUKS header as an auditor reads it: never a salt, digest or key",
+            "type": "object",
+            "required": ["keyslots", "clevis"],
+            "additionalProperties": False,
+            "properties": {
+                "version": {"type": ["integer", "null"]},
+                "uuid": _OPTIONAL_NAME,
+                "cipher": _OPTIONAL_NAME,
+                "key_size": {"type": ["integer", "null"]},
+                "sector_size": {"type": ["integer", "null"]},
+                "flags": {"type": "array", "maxItems": 64, "items": _NAME},
+                "keyslots": {
+                    "type": "array",
+                    "maxItems": 32,
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {
+                            "id": {"type": ["integer", "string", "null"]},
+                            "type": _OPTIONAL_NAME,
+                            "kdf": _OPTIONAL_NAME,
+                        },
+                    },
+                },
+                "clevis": {"type": "array", "maxItems": 32, "items": {"$ref": "#/$defs/clevis"}},
+                "degraded": {"type": "boolean"},
+            },
+        },
+        "clevis": {
+            "type": "object",
+            "required": ["keyslots", "servers"],
+            "additionalProperties": False,
+            "properties": {
+                "keyslots": {"type": "array", "maxItems": 32, "items": _NAME},
+                "threshold": {"type": ["integer", "null"]},
+                "servers": {
+                    "type": "array",
+                    "maxItems": 64,
+                    "items": {
+                        "type": "object",
+                        "required": ["url", "thumbprints"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "url": _OPTIONAL_NAME,
+                            "thumbprints": {"type": "array", "maxItems": 64, "items": _NAME},
+                        },
+                    },
+                },
+            },
+        },
+        "keys": {
+            "description": "the state of a volume's keys",
+            "type": "object",
+            "required": ["source", "key_file", "rotating", "tang", "devices"],
+            "additionalProperties": False,
+            "properties": {
+                "source": {"enum": ["keyfile", "pillar", "tang", None]},
+                "key_file": {
+                    "oneOf": [
+                        {"type": "null"},
+                        {
+                            "type": "object",
+                            "required": ["path", "exists"],
+                            "additionalProperties": False,
+                            "properties": {
+                                "path": _NAME,
+                                "exists": {"type": "boolean"},
+                                "mode": {"type": ["string", "null"], "pattern": "^[0-7]{4}$"},
+                                "uid": {"type": ["integer", "null"]},
+                                "modified": _OPTIONAL_EPOCH,
+                            },
+                        },
+                    ]
+                },
+                "rotating": {"type": "boolean"},
+                "tang": {
+                    "type": "array",
+                    "maxItems": 16,
+                    "items": {
+                        "type": "object",
+                        "required": ["url"],
+                        "additionalProperties": False,
+                        "properties": {"url": _NAME, "thumbprint": _OPTIONAL_NAME},
+                    },
+                },
+                "devices": {
+                    "type": "array",
+                    "maxItems": 64,
+                    "items": {
+                        "type": "object",
+                        "required": ["crypt", "open", "keyslots", "clevis", "header_backup"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "crypt": _NAME,
+                            "device": _OPTIONAL_NAME,
+                            "open": {"type": "boolean"},
+                            "luks_uuid": _OPTIONAL_NAME,
+                            "keyslots": _COUNT,
+                            "clevis": {"type": "array", "maxItems": 32, "items": {"$ref": "#/$defs/clevis"}},
+                            "header_backup": {
+                                "oneOf": [
+                                    {"type": "null"},
+                                    {
+                                        "type": "object",
+                                        "required": ["path", "exists", "state"],
+                                        "additionalProperties": False,
+                                        "properties": {
+                                            "path": _NAME,
+                                            "exists": {"type": "boolean"},
+                                            "modified": _OPTIONAL_EPOCH,
+                                            "state": _NAME,
+                                        },
+                                    },
+                                ]
+                            },
+                        },
+                    },
+                },
+            },
         },
     },
 }
@@ -421,12 +655,8 @@ def html(doc):
             "ok" if summary["compliant_hosts"] == summary["hosts"] else "bad",
         ),
         _card("Hosts not audited", summary["errors"], "warn" if summary["errors"] else "ok"),
-        _card("Volumes", summary["volumes"]),
-        _card(
-            "Compliant volumes",
-            f"{summary['compliant_volumes']} ({_percent(share)})",
-            "ok" if share == 1 else "bad",
-        ),
+        _card("Compliant volumes", f"{summary['compliant_volumes']} of {summary['volumes']}"),
+        _card("Compliance per host, mean", _percent(share), "ok" if share == 1 else "bad"),
         "</div></section>",
         '<section id="charts"><h2>Compliance over time and findings by rule</h2><div class="charts">',
         _history_chart(doc["history"]),
@@ -453,7 +683,7 @@ def _percent(share):
 
 def _history_chart(history, width=520, height=200):
     points = [h for h in history if h.get("compliant_share") is not None]
-    title = "Compliant volumes over time (each report run)"
+    title = "Compliance per host, mean, over time (each report run)"
     if len(points) < 2:
         return (
             f'<figure class="chart" id="history-chart"><figcaption>{title}</figcaption>'

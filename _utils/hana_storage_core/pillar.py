@@ -168,6 +168,8 @@ def _schema_message(error):
         return [f"{where}: takes at most {error.validator_value} items"]
     if kind == "minProperties":
         return [f"{where}: needs at least {error.validator_value} entry"]
+    if kind == "maxProperties":
+        return [f"{where}: takes at most {error.validator_value} entries"]
     if kind == "uniqueItems":
         return [f"{where}: items must be unique"]
     return [f"{where}: invalid ({kind})"]

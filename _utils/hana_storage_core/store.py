@@ -437,7 +437,10 @@ class LocalStore:
             with self._file_lock(TALLY_LOG + ".lock", fcntl.LOCK_SH):
                 self._append(TALLY_LOG, f"{name}\n")
             entry = journal_entry(now, minion, rule, name, events, journal(result) if journal else None)
-            self._keep(JOURNAL, entry)
+            try:
+                self._keep(JOURNAL, entry)
+            except OSError as error:  # the action is recorded and its events queued: deliver them
+                log.error("hana_storage: an action is missing from the journal: %s", error)
         return result
 
     def _keep(self, name, entry):
@@ -453,8 +456,11 @@ class LocalStore:
             big = False
         if big:
             with self._file_lock(f"{name}.lock", fcntl.LOCK_EX):
-                if os.path.getsize(path) > JOURNAL_BYTES:
-                    os.replace(path, path + ".1")
+                try:
+                    if os.path.getsize(path) > JOURNAL_BYTES:
+                        os.replace(path, path + ".1")
+                except FileNotFoundError:
+                    pass  # another process rotated it between our two looks
 
     def _kept(self, name, valid, limit):
         """The newest ``limit`` entries of the kept log ``name`` that ``valid`` accepts, oldest first."""

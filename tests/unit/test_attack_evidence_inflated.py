@@ -14,14 +14,16 @@ def test_one_minion_cannot_make_a_non_compliant_fleet_read_as_compliant():
     it must not outvote the others (count at most the volumes its pillar names, or weigh hosts)."""
     honest = [host_part(f"hana-{n:02}") for n in range(10)]
     assert not any(p["compliant"] for p in honest)
-    liar = dict(
-        host_part("hana-evil"),
-        compliant=True,
-        findings=[],
-        volumes={f"v{n}": {"mountpoint": f"/x/{n}", "compliant": True, "rules": []} for n in range(10_000)},
-    )
+
+    def liar(volumes):
+        made_up = {f"v{n}": {"mountpoint": f"/x/{n}", "compliant": True, "rules": []} for n in range(volumes)}
+        return dict(host_part("hana-evil"), compliant=True, findings=[], volumes=made_up, keys={})
+
     returns = returns_of(honest)
-    returns["hana-evil"] = {"ret": liar, "retcode": 0}
+    returns["hana-evil"] = {"ret": liar(10_000), "retcode": 0}
+    summary = evidence.document(returns, "salt-master-1", "0.3.0", 1_790_000_000)["summary"]
+    assert summary["errors"] == 1 and summary["compliant_share"] == 0, "more volumes than a pillar may name"
+    returns["hana-evil"] = {"ret": liar(evidence.MAX_VOLUMES), "retcode": 0}
     summary = evidence.document(returns, "salt-master-1", "0.3.0", 1_790_000_000)["summary"]
     assert summary["compliant_hosts"] == 1
     assert summary["compliant_share"] < 0.5, summary

@@ -4,6 +4,7 @@ import importlib.util
 import subprocess
 import xml.etree.ElementTree as ET
 
+import pytest
 from hana_storage_core import rules, scap
 
 from tests.conftest import REPO
@@ -31,11 +32,16 @@ def test_scap_record_does_not_take_a_callers_word_for_the_audit(monkeypatch, tmp
     status = tmp_path / "audit.status"
     monkeypatch.setattr(module.core.scap, "STATUS", str(status))
     module.__opts__ = {"id": "hana-01"}
+    module.__context__ = {}
     plan = {"compliance": {"scap": {"enabled": True, "max_age": 900}, "ignore_rules": []}}
     monkeypatch.setattr(module, "_plan", lambda pillar=None: plan)
     monkeypatch.setattr(module, "audit", lambda pillar=None, volumes=None: FAILING)  # the host's truth
 
-    module.scap_record(report={"compliant": True, "findings": [], "volumes": {}})
+    with pytest.raises(TypeError):
+        module.scap_record(report={"compliant": True, "findings": [], "volumes": {}})
+    with pytest.raises(TypeError):
+        module.scap_record(pillar={"volumes": {}})  # nor its word for the pillar
+    module.scap_record()
 
     stream = tmp_path / "ds.xml"
     stream.write_text(scap.datastream("0.0-test", status=str(status)))
@@ -51,3 +57,30 @@ def test_scap_record_does_not_take_a_callers_word_for_the_audit(monkeypatch, tmp
     }
     assert set(outcome) == set(rules.RULES)
     assert outcome["HANA-ENC-001"] != "pass", "an unencrypted /hana/log passed the SCAP scan"
+
+
+def test_scap_record_takes_the_beacons_full_audit_of_this_process(monkeypatch, tmp_path):
+    """The beacon's full audit leaves its report in the loader's context; scap_record, called
+    right after in the same process, records that one instead of auditing the host again, and
+    audits afresh once it is a minute old. Only ``audit`` with no pillar and no volumes leaves it."""
+    spec = importlib.util.spec_from_file_location("hana_storage_mod", REPO / "_modules" / "hana_storage.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module.core.scap, "STATUS", str(tmp_path / "audit.status"))
+    module.__opts__ = {"id": "hana-01"}
+    module.__context__ = {}
+    plan = {"compliance": {"scap": {"enabled": True, "max_age": 900}, "ignore_rules": []}, "volumes": {}}
+    monkeypatch.setattr(module, "_plan", lambda pillar=None: plan)
+    monkeypatch.setattr(module, "_host", lambda name: lambda plan, reuse_lvm: {"disks": {}})
+    audits = []
+    monkeypatch.setattr(module.core.rules, "audit", lambda plan, facts: audits.append(1) or dict(FAILING))
+
+    module.audit(volumes="log")  # a partial audit is no host's audit
+    module.audit(pillar={"volumes": {}})  # nor one against another pillar
+    assert module.LAST_FULL_AUDIT not in module.__context__
+    module.audit()
+    assert module.scap_record()["compliant"] is False and len(audits) == 3, "the stashed audit"
+    when, report = module.__context__[module.LAST_FULL_AUDIT]
+    module.__context__[module.LAST_FULL_AUDIT] = (when - module.FRESH_AUDIT_SECONDS - 1, report)
+    module.scap_record()
+    assert len(audits) == 4, "a stale one is audited afresh"

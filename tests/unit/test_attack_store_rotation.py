@@ -35,3 +35,19 @@ def test_a_kept_log_rotated_by_another_process_in_between_is_not_an_error(tmp_pa
     monkeypatch.setattr(kept, "_file_lock", other_process_rotates_first)
     kept.add_snapshot(entry)  # big now: this process rotates too, after the other one did
     assert kept.history()
+
+
+def test_an_action_whose_journal_line_cannot_be_written_is_still_delivered(tmp_path, monkeypatch):
+    """The record and its outbox events are written before the journal line: a full disk or a
+    lost journal file then costs the journal one line, never the events of an action done."""
+    from tests.unit.test_evidence import act
+
+    kept = store.LocalStore(str(tmp_path))
+
+    def no_space(name, entry):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(kept, "_keep", no_space)
+    result, event = act(kept, "hana-01", "HANA-PERF-002", "remediated", "HANA-PERF-002|data|/dev/x")
+    assert result is True
+    assert os.listdir(kept.outbox) == [store._event_file(event["event_id"])]
