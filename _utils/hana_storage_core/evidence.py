@@ -15,6 +15,7 @@ import datetime
 import html as html_module
 
 from . import controls as control_table
+from . import events
 from . import rules as rule_table
 
 SCHEMA_ID = "urn:hana-storage-formula:evidence:1"
@@ -35,7 +36,7 @@ def host_evidence(plan, facts, report, host, audited):
     findings = []
     for finding in report["findings"]:
         name = by_path.get(finding.get("device"))
-        found = {k: finding.get(k) for k in FINDING_FIELDS}
+        found = {k: finding.get(k) for k in events.FINDING_FIELDS}
         found["evidence"] = {
             "dm_table": (devices.get(name) or {}).get("table") or [],
             "luks_header": _header_summary(_header_at(facts, devices, name)),
@@ -60,17 +61,6 @@ def host_evidence(plan, facts, report, host, audited):
     }
 
 
-FINDING_FIELDS = (
-    "rule",
-    "severity",
-    "volume",
-    "mountpoint",
-    "device",
-    "expected",
-    "actual",
-    "remediation",
-    "message",
-)
 
 
 def _header_at(facts, devices, name):

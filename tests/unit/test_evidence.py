@@ -8,7 +8,7 @@ import time
 
 import jsonschema
 import pytest
-from hana_storage_core import evidence, rules, store
+from hana_storage_core import events, evidence, rules, store
 
 from tests.unit.test_audit import PILLAR, compliant, plan_of, recorded_facts
 
@@ -33,7 +33,7 @@ def test_a_host_part_carries_each_finding_with_the_facts_it_was_judged_on():
     part = host_part("hana-01")
     assert part["findings"] and not part["compliant"]
     for finding in part["findings"]:
-        assert set(evidence.FINDING_FIELDS) <= set(finding) and "evidence" in finding
+        assert set(events.FINDING_FIELDS) <= set(finding) and "evidence" in finding
     crypt = [f for f in part["findings"] if (f["evidence"]["luks_header"] or {}).get("uuid")]
     assert crypt, "a finding on a crypt device shows its LUKS header"
     header = crypt[0]["evidence"]["luks_header"]
