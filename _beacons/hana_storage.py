@@ -57,16 +57,9 @@ its data, so the master can tell which minion really sent it (Salt lets any mini
         - disable_during_state_run: true
 """
 
-import contextlib
 import contextvars
-import errno
-import fcntl
-import json
 import logging
 import os
-import select
-import socket
-import stat
 import sys
 import threading
 import time
@@ -74,14 +67,6 @@ import time
 import salt.loader
 import salt.utils.beacons
 import salt.utils.platform
-
-try:
-    from pyroute2 import UeventSocket
-    from pyroute2.netlink.uevent import MONITOR_GROUP_KERNEL
-
-    HAS_PYROUTE2 = True
-except ImportError:
-    HAS_PYROUTE2 = False
 
 log = logging.getLogger(__name__)
 
@@ -93,16 +78,6 @@ SALT_KEYS = {"interval", "disable_during_state_run", "run_once", "beacon_module"
 CONTEXT = "hana_storage.beacon"
 SETTLE_SECONDS = 2  # after a kernel event, audit its volumes once more this much later
 RETRY_SECONDS = 30  # a failed full audit is tried again this soon, not a full interval later
-DRAIN_LIMIT = 10000  # datagrams read per tick at most; more waiting counts as lost (a full audit)
-# The beacon's memory on disk (see the module doc): <cachedir>/MEMORY_DIR/MEMORY_FILE.
-MEMORY_DIR = "hana_storage"
-MEMORY_FILE = "beacon-memory.json"
-MEMORY_LOCK = "beacon-memory.lock"  # flock'ed; never replaced, unlike the file it guards
-MEMORY_VERSION = 1
-MEMORY_MAX_BYTES = 16 << 20
-MEMORY_LOCK_SECONDS = 2  # a save waits this long for another instance's, then gives up (logged)
-MEMORY_REFRESH_SECONDS = 3600  # an unchanged record is rewritten this often (its "written" time)
-MEMORY_EXPIRE_SECONDS = 7 * 86400  # another instance's record not written for this long is dropped
 
 
 def __virtual__():
@@ -137,109 +112,11 @@ def validate(config):
         return False, "hana_storage beacon: full_audit_interval must not be shorter than interval"
     if not isinstance(settings["uevents"], bool):
         return False, f"hana_storage beacon: uevents must be true or false, got {settings['uevents']!r}"
-    if settings["uevents"] and not HAS_PYROUTE2:
+    if core is None:
+        _load_core()
+    if settings["uevents"] and not core.kernel_watch.HAS_PYROUTE2:
         return False, "hana_storage beacon: uevents: true needs the pyroute2 Python package on the minion"
     return True, "Valid beacon configuration"
-
-
-def _uevent_socket():
-    """(pyroute2's uevent parser, a datagram socket bound to the kernel's uevent group).
-
-    pyroute2 binds in a thread of its own: its sync API runs an asyncio loop, which cannot nest in
-    the minion's running one, and it keeps the socket (and that loop) per thread. So that thread
-    takes a duplicate of the bound socket and closes pyroute2's object, loop and all, itself:
-    nothing of pyroute2 is left open but the parser, and closing the duplicate closes the socket.
-    """
-    made = {}
-
-    def make():
-        try:
-            uevents = UeventSocket()
-            try:
-                uevents.bind(groups=MONITOR_GROUP_KERNEL)
-                bound = uevents.asyncore.socket
-                made["socket"] = socket.socket(fileno=os.dup(bound.fileno()))
-                made["marshal"] = uevents.marshal
-            finally:
-                uevents.close()
-        except Exception as error:  # noqa: BLE001 - handed to the caller below
-            made["error"] = error
-            if "socket" in made:
-                made.pop("socket").close()
-
-    thread = threading.Thread(target=make, name="hana_storage-uevents")
-    thread.start()
-    thread.join()
-    if "error" in made:
-        raise OSError(f"cannot bind a uevent socket: {made['error']}")
-    if made["socket"].getsockname()[1] != MONITOR_GROUP_KERNEL:
-        name = made["socket"].getsockname()
-        made["socket"].close()
-        raise OSError(f"uevent socket bound to {name}, not the kernel group")
-    return made["marshal"], made["socket"]
-
-
-class KernelWatch:
-    """Block uevents and mount-table changes, read without ever blocking.
-
-    pyroute2 binds the uevent socket (kernel group) and parses each datagram; the datagrams are
-    read here with MSG_DONTWAIT, because UeventSocket.get() waits for the next event.
-    """
-
-    def __init__(self, uevents):
-        self.marshal, self.socket = _uevent_socket() if uevents else (None, None)
-        try:
-            self.mountinfo = open("/proc/self/mountinfo", "rb")  # noqa: SIM115 - kept open across ticks
-        except OSError:
-            self.close()
-            raise
-        self.poller = select.poll()
-        self.poller.register(self.mountinfo, select.POLLPRI | select.POLLERR)
-
-    def drain(self):
-        """(kernel names of block devices that changed, mount table changed?, events lost?).
-
-        ENOBUFS: the kernel dropped uevents nobody read in time (the socket's buffer was full). It
-        is reported once, by the next read; what was queued after the loss is read (and dropped:
-        the full audit a loss starts covers every device) until the socket is empty.
-        """
-        devices, lost, reads = set(), False, 0
-        while self.socket is not None:
-            if reads >= DRAIN_LIMIT:
-                lost = True  # events keep coming faster than a tick reads them: audit everything
-                log.warning("hana_storage beacon: over %d uevents in one tick; a full audit follows", reads)
-                break
-            reads += 1
-            try:
-                datagram = self.socket.recv(65536, socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                break
-            except OSError as error:
-                if error.errno != errno.ENOBUFS:
-                    raise
-                if not lost:
-                    log.warning("hana_storage beacon: uevents lost (ENOBUFS); a full audit follows")
-                lost = True
-                continue
-            if lost:
-                continue
-            for message in self.marshal.parse(datagram):
-                name = core.events.uevent_device(message)
-                if name:
-                    devices.add(name)
-        mounts_changed = bool(self.poller.poll(0))
-        if mounts_changed:
-            self.mountinfo.seek(0)
-            self.mountinfo.read()  # re-arms the notification
-        return devices, mounts_changed, lost
-
-    def close(self):
-        """Release the uevent socket and the mountinfo descriptor (more than once is fine)."""
-        if self.socket is not None:
-            self.socket.close()
-        mountinfo = getattr(self, "mountinfo", None)
-        if mountinfo is not None:
-            mountinfo.close()
 
 
 core = None  # hana_storage_core, once _load_core has imported it
@@ -305,29 +182,11 @@ def _emit(state, events):
 
 
 def _read_mounts():
-    """The mount table, for change detection only (the audit judges the mounts itself).
-
-    Bytes, so a mount point that is not UTF-8 breaks nothing; a line that does not parse is left
-    out with a warning (once per distinct problem): the HANA mountpoint it may hold then reads as
-    changed, and the audit of that volume says what is wrong.
-    """
-    with open("/proc/self/mountinfo", "rb") as handle:
-        raw = handle.read()
-    malformed = []
-    mounts = core.tab.parse_mountinfo(raw, malformed=malformed)
-    warned = __context__.setdefault("hana_storage.mountinfo_warned", set())
-    for entry in malformed:
-        if entry["error"] not in warned and len(warned) < 100:
-            warned.add(entry["error"])
-            log.warning("hana_storage beacon: %s; the line is left out", entry["error"])
-    return mounts
+    """The mount table, for change detection (core.kernel_watch.read_mounts)."""
+    return core.kernel_watch.read_mounts(__context__.setdefault("hana_storage.mountinfo_warned", set()))
 
 
 # ---- the beacon's memory on disk -------------------------------------------------------------
-
-
-class MemoryProblem(Exception):
-    """The memory file cannot be used: it is logged, and the beacon goes on with what it holds."""
 
 
 def _instance(config):
@@ -342,208 +201,10 @@ def _instance(config):
     return f"{master}|{config.get('_beacon_name') or __virtualname__}"
 
 
-@contextlib.contextmanager
-def _memory_dir():
-    """A descriptor of <cachedir>/hana_storage, made 0700 if missing, refused unless it is ours
-    alone (a directory, not a symlink, owned by this user, writable by nobody else)."""
-    cachedir = __opts__.get("cachedir")
-    if not cachedir:
-        raise MemoryProblem("the minion has no cachedir")
-    path = os.path.join(cachedir, MEMORY_DIR)
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as error:
-        raise MemoryProblem(f"{path}: {error.strerror}") from None
-    try:
-        info = os.fstat(descriptor)
-        if info.st_uid != os.geteuid() or info.st_mode & 0o022:
-            raise MemoryProblem(
-                f"{path} is not this user's alone (owner uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):04o})"
-            )
-        yield descriptor, path
-    finally:
-        os.close(descriptor)
-
-
-@contextlib.contextmanager
-def _memory_lock(directory, path):
-    """The memory's lock, held exclusively (every instance and process of this minion)."""
-    descriptor = os.open(
-        MEMORY_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=directory
-    )
-    try:
-        deadline = time.monotonic() + MEMORY_LOCK_SECONDS
-        while True:
-            try:
-                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise MemoryProblem(
-                        f"{path}/{MEMORY_LOCK} held for over {MEMORY_LOCK_SECONDS} s by another process"
-                    ) from None
-                time.sleep(0.02)
-        yield
-    finally:
-        os.close(descriptor)  # releases the lock
-
-
-def _read_memory(directory, path):
-    """The memory file's content: {"version", "instances": {instance: record}}; an empty one when
-    there is none. A file that is not this user's regular 0600 file, or that does not parse, is
-    MemoryProblem (the next save replaces it)."""
-    where = f"{path}/{MEMORY_FILE}"
-    try:
-        descriptor = os.open(MEMORY_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
-    except FileNotFoundError:
-        return {"version": MEMORY_VERSION, "instances": {}}
-    except OSError as error:  # ELOOP: a symlink
-        raise MemoryProblem(f"{where}: {error.strerror}") from None
-    with os.fdopen(descriptor, "rb") as handle:
-        info = os.fstat(handle.fileno())
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
-            raise MemoryProblem(
-                f"{where} ignored: not a regular file of this user with mode 0600 "
-                f"(owner uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):04o})"
-            )
-        raw = handle.read(MEMORY_MAX_BYTES + 1)
-    if len(raw) > MEMORY_MAX_BYTES:
-        raise MemoryProblem(f"{where} ignored: larger than {MEMORY_MAX_BYTES} bytes")
-    try:
-        content = json.loads(raw.decode("utf-8"))
-    except ValueError as error:
-        raise MemoryProblem(f"{where} ignored: not JSON ({error})") from None
-    if not isinstance(content, dict) or content.get("version") != MEMORY_VERSION:
-        raise MemoryProblem(f"{where} ignored: not a version {MEMORY_VERSION} beacon memory")
-    instances = content.get("instances")
-    if not isinstance(instances, dict):
-        raise MemoryProblem(f"{where} ignored: no instances")
-    records = {name: _record(raw) for name, raw in instances.items() if isinstance(name, str)}
-    return {"version": MEMORY_VERSION, "instances": {k: v for k, v in records.items() if v}}
-
-
-def _number(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _record(raw):
-    """One instance's record, cleaned: {known, since, ended, written}; None if it is no record.
-
-    A finding is kept only with its own key and the since of its occurrence: one without a since
-    would be reported again (a new occurrence), never given a made-up time.
-    """
-    if not isinstance(raw, dict) or not _number(raw.get("written")):
-        return None
-    key = core.events.finding_key
-    since = raw.get("since") if isinstance(raw.get("since"), dict) else {}
-    known = {}
-    for name, finding in (raw.get("known") if isinstance(raw.get("known"), dict) else {}).items():
-        try:
-            ours = isinstance(finding, dict) and key(finding) == name
-        except (KeyError, TypeError):
-            ours = False
-        if ours and _number(since.get(name)):
-            known[name] = finding
-    ended = raw.get("ended") if isinstance(raw.get("ended"), dict) else {}
-    return {
-        "known": known,
-        "since": {k: since[k] for k in known},
-        "ended": {k: v for k, v in ended.items() if isinstance(k, str) and _number(v)},
-        "written": raw["written"],
-    }
-
-
-def _write_memory(directory, content):
-    """Replace the memory file whole (0600, core.files) in the directory held open as ``directory``."""
-    text = json.dumps(content, sort_keys=True, separators=(",", ":"), default=str).encode()
-    core.files.replace_file(MEMORY_FILE, text, mode=0o600, dir_fd=directory)
-
-
-def _memory_failed(state, error):
-    message = str(error)
-    if message != state.get("memory_error"):
-        state["memory_error"] = message
-        log.warning("hana_storage beacon: memory file: %s; going on with the memory of this process", message)
-
-
-def _restore(state):
-    """A new context: what this instance had reported, from the memory file, if it is usable."""
-    try:
-        with _memory_dir() as (directory, path), _memory_lock(directory, path):
-            record = _read_memory(directory, path)["instances"].get(state["instance"])
-    except (MemoryProblem, OSError) as error:
-        _memory_failed(state, error)
-        return
-    if record:
-        state.update(known=record["known"], since=record["since"], ended=record["ended"])
-        state["saved"] = (_core(state), record["written"])
-        log.info("hana_storage beacon: %d open finding(s) remembered from %s", len(record["known"]), path)
-
-
-def _core(state):
-    """What the memory file keeps of this instance, as comparable text."""
-    known = state["known"]
-    since = state.setdefault("since", {})
-    ended = state.setdefault("ended", {})
-    return json.dumps(
-        {"known": known, "since": {k: since[k] for k in known if k in since}, "ended": ended},
-        sort_keys=True,
-        default=str,
-    )
-
-
 def _remember(state, fresh, wall, force=False):
-    """Give each fresh finding key its since, and write this instance's record if it changed.
-
-    ``fresh``: keys of findings that appeared to this instance. An occurrence another instance
-    (another master connection) has open, and this one did not see end, keeps that instance's
-    since: the first time any instance saw it. Otherwise it starts now. Without a usable memory
-    file, since is now and the beacon goes on with what this process holds.
-    """
-    since, ended = state.setdefault("since", {}), state.setdefault("ended", {})
-    saved = state.get("saved")
-    if not fresh and not force and saved and saved[0] == _core(state):
-        if wall - saved[1] < MEMORY_REFRESH_SECONDS:
-            return
-    if state.get("instance") is None:
-        since.update((k, since.get(k, wall)) for k in fresh)
-        return
-    try:
-        with _memory_dir() as (directory, path), _memory_lock(directory, path):
-            try:
-                others = _read_memory(directory, path)["instances"]
-            except MemoryProblem as error:
-                _memory_failed(state, error)  # replaced below by a good one
-                others = {}
-            others = {
-                name: record
-                for name, record in others.items()
-                if name != state["instance"] and wall - record["written"] < MEMORY_EXPIRE_SECONDS
-            }
-            for key in fresh:
-                seen = [
-                    record["since"][key]
-                    for record in others.values()
-                    if key in record["known"] and record["since"][key] != ended.get(key)
-                ]
-                since[key] = min(seen) if seen else wall
-            held = {(key, record["since"][key]) for record in others.values() for key in record["known"]}
-            for key in [k for k, first in ended.items() if (k, first) not in held]:
-                del ended[key]  # no instance holds that occurrence any more
-            core = _core(state)
-            mine = dict(json.loads(core), written=wall)
-            _write_memory(
-                directory, {"version": MEMORY_VERSION, "instances": {**others, state["instance"]: mine}}
-            )
-            state["saved"] = (core, wall)
-            state["memory_error"] = None
-    except (MemoryProblem, OSError, ValueError) as error:
-        _memory_failed(state, error)
-        since.update((k, since.get(k, wall)) for k in fresh)
+    """Each fresh finding's since, and this instance's record written if it changed
+    (core.beacon_memory)."""
+    core.beacon_memory.remember(state, __opts__.get("cachedir"), fresh, wall, force=force)
 
 
 class FullAudit:
@@ -611,17 +272,19 @@ def beacon(config):
     state = _state()
     if state.get("instance") is None:  # a new context: a new loader, or a restarted minion
         state["instance"] = _instance(config)
-        _restore(state)
+        core.beacon_memory.restore(state, __opts__.get("cachedir"))
     try:
         if state["watch"] is None:
-            state["watch"] = KernelWatch(config["uevents"] and HAS_PYROUTE2)
+            state["watch"] = core.kernel_watch.KernelWatch(
+                config["uevents"] and core.kernel_watch.HAS_PYROUTE2
+            )
         devices, mounts_changed, lost = state["watch"].drain()
     except OSError as error:
         log.error("hana_storage beacon: cannot watch kernel events (%s); full audits only", error)
         devices, mounts_changed, lost = set(), False, True
         if state["watch"] is not None:
             state["watch"].close()  # a socket that failed once fails on every tick: not read again
-        state["watch"] = KernelWatch(False)
+        state["watch"] = core.kernel_watch.KernelWatch(False)
     now = time.monotonic()
     if lost:
         state["next_full"] = None  # due now, or as soon as the one running ends

@@ -21,6 +21,7 @@ import os
 import sys
 
 from . import (  # noqa: F401 - the package's modules, as core.<module> for its users
+    beacon_memory,
     commands,
     controls,
     crypto,
@@ -29,6 +30,7 @@ from . import (  # noqa: F401 - the package's modules, as core.<module> for its 
     evidence,
     files,
     fio,
+    kernel_watch,
     limits,
     luks,
     lvm,

@@ -61,8 +61,6 @@ def host_evidence(plan, facts, report, host, audited):
     }
 
 
-
-
 def _header_at(facts, devices, name):
     """The LUKS header behind the device ``name``: its own (a LUKS device), or its backing
     device's (a crypt mapping)."""

@@ -169,7 +169,7 @@ def test_no_memory_is_written_or_read_on_an_idle_tick(minion, host, monkeypatch)
     beacon = minion()
     beacon.beacon(CONFIG)
     calls = []
-    monkeypatch.setattr(beacon, "_memory_dir", lambda: calls.append(1))
+    monkeypatch.setattr(beacon.core.beacon_memory, "memory_dir", lambda cachedir: calls.append(1))
     for _ in range(5):
         assert beacon.beacon(CONFIG) == []
     assert calls == []
@@ -291,7 +291,7 @@ def test_a_directory_others_can_write_is_not_used(minion, host, caplog):
 
 def test_a_lock_held_elsewhere_delays_nothing_for_long(minion, host, monkeypatch, caplog):
     beacon = minion()
-    monkeypatch.setattr(beacon, "MEMORY_LOCK_SECONDS", 0.2)
+    monkeypatch.setattr(beacon.core.beacon_memory, "MEMORY_LOCK_SECONDS", 0.2)
     minion.memory.parent.mkdir(mode=0o700)
     holder = os.open(minion.memory.with_name("beacon-memory.lock"), os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(holder, fcntl.LOCK_EX)
@@ -392,7 +392,7 @@ def test_close_leaves_no_descriptor_open_on_this_host(minion, host):
             beacon.beacon([{"full_audit_interval": 3600}, {"uevents": True}])
         except OSError as error:
             pytest.skip(f"no uevent socket here: {error}")
-        assert isinstance(beacon._state()["watch"], beacon.KernelWatch)
+        assert isinstance(beacon._state()["watch"], beacon.core.kernel_watch.KernelWatch)
         beacon.close([])
     left = {k: v for k, v in open_descriptors().items() if k not in before}
     assert left == {}
@@ -426,7 +426,7 @@ class Marshal:
 
 
 def watch_over(beacon, sock):
-    watch = beacon.KernelWatch(False)
+    watch = beacon.core.kernel_watch.KernelWatch(False)
     watch.socket, watch.marshal = sock, Marshal()
     return watch
 
@@ -457,7 +457,7 @@ def test_drain_reads_on_after_a_loss_and_stops_when_empty(minion):
 
 def test_drain_is_bounded_when_events_never_stop(minion, monkeypatch):
     beacon = minion(watch=False)
-    monkeypatch.setattr(beacon, "DRAIN_LIMIT", 50)
+    monkeypatch.setattr(beacon.core.kernel_watch, "DRAIN_LIMIT", 50)
 
     class Endless(Datagrams):
         def recv(self, size, flags):
@@ -478,7 +478,7 @@ def test_drain_survives_enobufs_on_this_hosts_uevent_socket(minion):
     control = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, 15)  # NETLINK_KOBJECT_UEVENT
     control.bind((0, 1))
     beacon = minion(watch=False)
-    watch = beacon.KernelWatch(True)
+    watch = beacon.core.kernel_watch.KernelWatch(True)
     try:
         watch.drain()
         watch.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)  # the kernel's minimum
@@ -512,7 +512,7 @@ def test_the_beacon_reads_a_mount_table_with_odd_lines(minion, monkeypatch, capl
         b"27 23 0:25 / /garbled\n"
         b"40 23 253:1 / /hana/data rw,noatime - xfs /dev/mapper/hana_data rw,logbsize=256k\n"
     )
-    monkeypatch.setattr(beacon, "open", lambda *a, **k: io.BytesIO(table), raising=False)
+    monkeypatch.setattr(beacon.core.kernel_watch, "open", lambda *a, **k: io.BytesIO(table), raising=False)
     with caplog.at_level(logging.WARNING):
         mounts = beacon.real_read_mounts()
         beacon.real_read_mounts()

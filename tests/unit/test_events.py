@@ -154,7 +154,7 @@ def test_kernel_watch_sees_a_real_uevent_from_another_thread(beacon):
 
     control = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, 15)  # NETLINK_KOBJECT_UEVENT
     control.bind((0, 1))
-    watch = beacon.KernelWatch(True)
+    watch = beacon.core.kernel_watch.KernelWatch(True)
     try:
         watch.drain()  # whatever was queued before
         with open(f"/sys/class/block/{devices[0]}/uevent", "w") as handle:
