@@ -56,7 +56,14 @@ class Client:
 
 @pytest.mark.parametrize(
     "change",
-    [_int_volume, _only_int_volume, _int_key_in_expected, _int_field_in_dm_table, _nan_expected, _infinite_actual],
+    [
+        _int_volume,
+        _only_int_volume,
+        _int_key_in_expected,
+        _int_field_in_dm_table,
+        _nan_expected,
+        _infinite_actual,
+    ],
     ids=lambda f: f.__name__,
 )
 def test_the_json_report_is_strict_json_valid_against_its_schema(change, tmp_path, monkeypatch):

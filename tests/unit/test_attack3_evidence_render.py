@@ -36,7 +36,9 @@ def _tang_without_thumbprint(part):
 
 
 @pytest.mark.parametrize(
-    "change", [_header_without_version, _keyslot_without_id, _tang_without_thumbprint], ids=lambda f: f.__name__
+    "change",
+    [_header_without_version, _keyslot_without_id, _tang_without_thumbprint],
+    ids=lambda f: f.__name__,
 )
 def test_a_part_the_host_schema_accepts_renders(change):
     hostile = host_part("hana-evil")
