@@ -796,8 +796,8 @@ def report(tgt="*", tgt_type="glob", timeout=None, format="text", out=None):  # 
         what triage did (the store's journal) and the compliance over time (the store keeps the
         fleet's compliance at each such report) - written to ``out``.
     out
-        Where the json or html report goes (mode 0640); default
-        ``<cachedir>/hana_storage/reports/evidence-<UTC time>.<format>``.
+        Where the json or html report goes: a new file (mode 0640), never one that exists;
+        default ``<cachedir>/hana_storage/reports/evidence-<UTC time>.<format>``.
 
     CLI Example:
 
@@ -824,21 +824,27 @@ def report(tgt="*", tgt_type="glob", timeout=None, format="text", out=None):  # 
             return fleet
         return core.report.table(fleet["rows"])
     now = time.time()
-    store = _store()
     doc = core.evidence.document(returns, __opts__.get("id", "master"), core.VERSION, now)
     try:
+        store = _store()
         store.add_snapshot(doc["summary"])
         doc["history"], doc["actions"] = store.history(), store.actions()
         doc["tallies"] = store.tallies()
     except core.store.failures() as error:
         log.error("hana_storage: the report has no history: the store failed: %s", error)
         doc["history"] = [doc["summary"]]
-    text = json.dumps(doc, indent=1, sort_keys=True) + "\n" if format == "json" else core.evidence.html(doc)
+    if format == "json":  # strict JSON: a NaN or an Infinity is no JSON number
+        text = json.dumps(doc, indent=1, sort_keys=True, allow_nan=False) + "\n"
+    else:
+        text = core.evidence.html(doc)
     if out is None:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
         out = os.path.join(__opts__["cachedir"], "hana_storage", "reports", f"evidence-{stamp}.{format}")
     os.makedirs(os.path.dirname(os.path.abspath(out)), mode=0o750, exist_ok=True)
-    core.files.replace_file(out, text.encode(), mode=0o640)
+    try:
+        core.files.create_file(out, text.encode(), mode=0o640)
+    except FileExistsError:
+        raise CommandExecutionError(f"{out} exists: a report is written to a new file only") from None
     return {"written": out, "format": format, "summary": doc["summary"]}
 
 
@@ -866,5 +872,8 @@ def snapshot(tgt="*", tgt_type="glob", timeout=None):
     )
     hosts = core.evidence.host_parts(returns, "verdict")
     entry = core.evidence.snapshot(hosts, time.time())
-    _store().add_snapshot(entry)
+    try:
+        _store().add_snapshot(entry)
+    except core.store.failures() as error:
+        raise CommandExecutionError(f"the snapshot was not kept: {error}") from None
     return entry

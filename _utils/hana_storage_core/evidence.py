@@ -13,6 +13,7 @@ no fetch (its Content-Security-Policy forbids both), every value escaped.
 
 import datetime
 import html as html_module
+import json
 
 from . import controls as control_table
 from . import events
@@ -227,7 +228,11 @@ def host_parts(returns, kind):
             error = part if isinstance(part, str) else "no evidence returned"
             hosts[minion] = {"host": minion, "error": (error.strip().splitlines() or [""])[-1][:300]}
             continue
-        part = dict(part, host=minion)  # the id the master knows it by
+        try:  # as strict JSON: string keys only, no NaN, nothing nested past Python's limit
+            part = json.loads(json.dumps(dict(part, host=minion), allow_nan=False))  # the id we know
+        except (TypeError, ValueError, RecursionError) as error:
+            hosts[minion] = {"host": minion, "error": f"its return is no JSON document: {error}"[:300]}
+            continue
         problem = next(iter(sorted(validator.iter_errors(part), key=lambda e: list(e.absolute_path))), None)
         if problem is None:
             hosts[minion] = part
@@ -294,7 +299,7 @@ _SCALAR = {"type": ["string", "integer", "boolean", "null"], "maxLength": 4096}
 _FIELD = dict(_SCALAR, type=[*_SCALAR["type"], "array"], maxItems=64, items=_SCALAR)
 _RULE_ID = {"description": "a rule this master knows", "enum": list(rule_table.RULES)}
 _SEVERITY = {"enum": ["critical", "high", "medium", "low"]}
-_VOLUME_NAME = {"pattern": "^[a-z][a-z0-9_]{0,15}$"}
+_VOLUME_NAME = {"type": "string", "pattern": "^[a-z][a-z0-9_]{0,15}$"}
 
 SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -410,7 +415,7 @@ SCHEMA = {
             "propertyNames": _VOLUME_NAME,
             "additionalProperties": {
                 "type": "object",
-                "required": ["compliant"],
+                "required": ["mountpoint", "compliant", "rules"],
                 "properties": {
                     "mountpoint": _OPTIONAL_NAME,
                     "compliant": {"type": "boolean"},
@@ -420,7 +425,7 @@ SCHEMA = {
         },
         "finding": {
             "type": "object",
-            "required": ["rule", "severity", "volume", "device", "message", "evidence"],
+            "required": [*events.FINDING_FIELDS, "evidence"],
             "additionalProperties": False,
             "properties": {
                 "rule": _RULE_ID,
@@ -461,7 +466,17 @@ SCHEMA = {
         "luks_header": {
             "description": "a LUKS header as an auditor reads it: never a salt, digest or key",
             "type": "object",
-            "required": ["keyslots", "clevis"],
+            "required": [
+                "version",
+                "uuid",
+                "cipher",
+                "key_size",
+                "sector_size",
+                "flags",
+                "keyslots",
+                "clevis",
+                "degraded",
+            ],
             "additionalProperties": False,
             "properties": {
                 "version": {"type": ["integer", "null"]},
@@ -475,6 +490,7 @@ SCHEMA = {
                     "maxItems": 32,
                     "items": {
                         "type": "object",
+                        "required": ["id", "type", "kdf"],
                         "additionalProperties": False,
                         "properties": {
                             "id": {"type": ["integer", "string", "null"]},
@@ -489,7 +505,7 @@ SCHEMA = {
         },
         "clevis": {
             "type": "object",
-            "required": ["keyslots", "servers"],
+            "required": ["keyslots", "threshold", "servers"],
             "additionalProperties": False,
             "properties": {
                 "keyslots": {"type": "array", "maxItems": 32, "items": _NAME},
@@ -521,7 +537,7 @@ SCHEMA = {
                         {"type": "null"},
                         {
                             "type": "object",
-                            "required": ["path", "exists"],
+                            "required": ["path", "exists", "mode", "uid", "modified"],
                             "additionalProperties": False,
                             "properties": {
                                 "path": _NAME,
@@ -539,7 +555,7 @@ SCHEMA = {
                     "maxItems": 16,
                     "items": {
                         "type": "object",
-                        "required": ["url"],
+                        "required": ["url", "thumbprint"],
                         "additionalProperties": False,
                         "properties": {"url": _NAME, "thumbprint": _OPTIONAL_NAME},
                     },
@@ -549,7 +565,15 @@ SCHEMA = {
                     "maxItems": 64,
                     "items": {
                         "type": "object",
-                        "required": ["crypt", "open", "keyslots", "clevis", "header_backup"],
+                        "required": [
+                            "crypt",
+                            "device",
+                            "open",
+                            "luks_uuid",
+                            "keyslots",
+                            "clevis",
+                            "header_backup",
+                        ],
                         "additionalProperties": False,
                         "properties": {
                             "crypt": _NAME,
@@ -563,7 +587,7 @@ SCHEMA = {
                                     {"type": "null"},
                                     {
                                         "type": "object",
-                                        "required": ["path", "exists", "state"],
+                                        "required": ["path", "exists", "modified", "state"],
                                         "additionalProperties": False,
                                         "properties": {
                                             "path": _NAME,

@@ -77,6 +77,40 @@ def replace_file(path, data, mode=None, mtime=None, dir_fd=None):
             os.close(folder)
 
 
+def create_file(path, data, mode):
+    """Write ``data`` (bytes) to ``path`` as a new file, whole or not at all: a temporary beside
+    it, written and synced, then linked to ``path`` - which fails (FileExistsError) when anything
+    is there, a symlink included. Never replaces a file: what a report is written over could be
+    anything, signed-off evidence included."""
+    directory, name = os.path.split(os.path.abspath(path))
+    folder = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    temporary = TEMPORARY.format(name=name)
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary, dir_fd=folder)  # left by a writer that was killed
+        descriptor = os.open(
+            temporary,
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+            mode,
+            dir_fd=folder,
+        )
+        try:
+            os.fchmod(descriptor, mode)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(descriptor, view) :]
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+        try:
+            os.link(temporary, name, src_dir_fd=folder, dst_dir_fd=folder, follow_symlinks=False)
+        finally:
+            os.unlink(temporary, dir_fd=folder)
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+
+
 def install(source, path, mode):
     """Put the file ``source`` (made beside ``path`` by a tool, e.g. luksHeaderBackup) in the
     place of ``path``: its mode set, synced, renamed over it, the directory synced."""

@@ -439,7 +439,7 @@ class LocalStore:
             entry = journal_entry(now, minion, rule, name, events, journal(result) if journal else None)
             try:
                 self._keep(JOURNAL, entry)
-            except OSError as error:  # the action is recorded and its events queued: deliver them
+            except StoreError as error:  # the action is recorded and its events queued: deliver them
                 log.error("hana_storage: an action is missing from the journal: %s", error)
         return result
 
@@ -447,20 +447,19 @@ class LocalStore:
         """Append ``entry`` to the kept log ``name`` (a JSON line); a log past JOURNAL_BYTES becomes
         ``name.1`` (the one before is dropped), under an exclusive lock while appends share one."""
         line = json.dumps(entry, sort_keys=True, separators=(",", ":")) + "\n"
-        with self._file_lock(f"{name}.lock", fcntl.LOCK_SH):
-            self._append(f"{name}.log", line)
         path = os.path.join(self.root, f"{name}.log")
         try:
-            big = os.path.getsize(path) > JOURNAL_BYTES
-        except OSError:
-            big = False
-        if big:
-            with self._file_lock(f"{name}.lock", fcntl.LOCK_EX):
-                try:
-                    if os.path.getsize(path) > JOURNAL_BYTES:
-                        os.replace(path, path + ".1")
-                except FileNotFoundError:
-                    pass  # another process rotated it between our two looks
+            with self._file_lock(f"{name}.lock", fcntl.LOCK_SH):
+                self._append(f"{name}.log", line)
+            if os.path.getsize(path) > JOURNAL_BYTES:
+                with self._file_lock(f"{name}.lock", fcntl.LOCK_EX):
+                    with contextlib.suppress(FileNotFoundError):  # rotated by another process
+                        if os.path.getsize(path) > JOURNAL_BYTES:
+                            os.replace(path, path + ".1")
+        except FileNotFoundError:
+            pass  # rotated by another process between the append and the look
+        except OSError as error:  # a full disk, a lost directory: the caller decides
+            raise StoreError(f"the local store's {name} at {path}: {error}") from None
 
     def _kept(self, name, valid, limit):
         """The newest ``limit`` entries of the kept log ``name`` that ``valid`` accepts, oldest first."""
@@ -480,6 +479,8 @@ class LocalStore:
                                 entries.append(entry)
                 except FileNotFoundError:
                     continue
+                except OSError as error:
+                    raise StoreError(f"the local store's {name}: {error}") from None
         return entries[-limit:]
 
     def actions(self, limit=JOURNAL_MAX):

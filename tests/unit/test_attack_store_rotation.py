@@ -44,10 +44,14 @@ def test_an_action_whose_journal_line_cannot_be_written_is_still_delivered(tmp_p
 
     kept = store.LocalStore(str(tmp_path))
 
-    def no_space(name, entry):
-        raise OSError(28, "No space left on device")
+    append = kept._append
 
-    monkeypatch.setattr(kept, "_keep", no_space)
+    def no_space(name, line):
+        if name.startswith(store.JOURNAL):
+            raise OSError(28, "No space left on device")
+        return append(name, line)
+
+    monkeypatch.setattr(kept, "_append", no_space)
     result, event = act(kept, "hana-01", "HANA-PERF-002", "remediated", "HANA-PERF-002|data|/dev/x")
     assert result is True
     assert os.listdir(kept.outbox) == [store._event_file(event["event_id"])]

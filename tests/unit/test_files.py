@@ -156,3 +156,19 @@ def test_a_killed_replace_leaves_the_old_file_or_the_new_one(tmp_path):
     # a kill between the temporary file and the rename leaves the temporary, which the next
     # write removes: at most one, and never mistaken for the file
     assert len(leftovers) <= 1 and all(name.startswith(".crypttab.") for name in leftovers), leftovers
+
+
+def test_create_file_makes_a_new_file_and_never_replaces_one(tmp_path):
+    report = tmp_path / "evidence.html"
+    files.create_file(str(report), b"<html>", mode=0o640)
+    assert report.read_bytes() == b"<html>" and stat.S_IMODE(report.stat().st_mode) == 0o640
+    with pytest.raises(FileExistsError):
+        files.create_file(str(report), b"other", mode=0o640)
+    assert report.read_bytes() == b"<html>"
+    target = tmp_path / "shadow"
+    target.write_text("keep\n")
+    (tmp_path / "link").symlink_to(target)
+    with pytest.raises(FileExistsError):
+        files.create_file(str(tmp_path / "link"), b"x", mode=0o640)
+    assert target.read_text() == "keep\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["evidence.html", "link", "shadow"]
