@@ -400,6 +400,9 @@ SKIP_REASONS = {
 }
 
 
+REMEDIATION_PASSES = 2
+
+
 def remediate(rules=None, pillar=None):
     """
     Apply the safe fixes, and only those: dm-crypt flags (``cryptsetup refresh --persistent``),
@@ -434,32 +437,46 @@ def remediate(rules=None, pillar=None):
     wanted = set(salt.utils.args.split_input(rules) if rules else auto)
     report = core.rules.audit(plan, _host("facts")(plan))
     fixed, failed, skipped = [], [], []
-    done = set()
-    for finding in report["findings"]:
-        rule = finding["rule"]
-        if rule not in wanted:
-            continue
-        entry = {"rule": rule, "volume": finding["volume"], "device": finding["device"]}
-        fix = core.rules.fix_for(plan, finding, report["volumes"][finding["volume"]])
-        if fix.get("code") != "manual_rule" and rule not in allowed:
-            fix = {"code": "not_allowed"}
-        if "code" in fix:
-            skipped.append({**entry, "code": fix["code"], "reason": SKIP_REASONS[fix["code"]]})
-            continue
-        fun, kwargs = fix["state"], fix["kwargs"]
-        if (fun, kwargs["name"]) in done:
-            fixed.append({**entry, "changes": "fixed with an earlier finding"})
-            continue
-        done.add((fun, kwargs["name"]))
-        ret = __salt__["state.single"](fun, queue=True, **kwargs)
-        state = (
-            next(iter(ret.values())) if isinstance(ret, dict) and ret else {"result": False, "comment": ret}
-        )
-        if state.get("result") is True:
-            fixed.append({**entry, "changes": state.get("changes", {}), "comment": state.get("comment")})
-        else:
-            failed.append({**entry, "comment": state.get("comment")})
-    after = core.rules.audit(plan, _host("facts")(plan)) if fixed else report
+    done, seen = set(), set()
+    # A fix may raise another finding (a flags fix makes the header backup stale): the audit after
+    # the fixes is worked through once more, for what it finds that was not there before.
+    for _pass in range(REMEDIATION_PASSES):
+        new = [
+            f
+            for f in sorted(report["findings"], key=core.rules.fix_order)
+            if f["rule"] in wanted and (f["rule"], f["volume"], f["device"]) not in seen
+        ]
+        changed = False
+        for finding in new:
+            rule = finding["rule"]
+            seen.add((rule, finding["volume"], finding["device"]))
+            entry = {"rule": rule, "volume": finding["volume"], "device": finding["device"]}
+            fix = core.rules.fix_for(plan, finding, report["volumes"][finding["volume"]])
+            if fix.get("code") != "manual_rule" and rule not in allowed:
+                fix = {"code": "not_allowed"}
+            if "code" in fix:
+                skipped.append({**entry, "code": fix["code"], "reason": SKIP_REASONS[fix["code"]]})
+                continue
+            fun, kwargs = fix["state"], fix["kwargs"]
+            if (fun, kwargs["name"]) in done:
+                fixed.append({**entry, "changes": "fixed with an earlier finding"})
+                continue
+            done.add((fun, kwargs["name"]))
+            ret = __salt__["state.single"](fun, queue=True, **kwargs)
+            state = (
+                next(iter(ret.values()))
+                if isinstance(ret, dict) and ret
+                else {"result": False, "comment": ret}
+            )
+            if state.get("result") is True:
+                changed = True
+                fixed.append({**entry, "changes": state.get("changes", {}), "comment": state.get("comment")})
+            else:
+                failed.append({**entry, "comment": state.get("comment")})
+        if not changed:
+            break
+        report = core.rules.audit(plan, _host("facts")(plan))
+    after = report
     remaining = [f for f in after["findings"] if f["rule"] in wanted]
     result = not failed and not skipped and not remaining
     if not result:

@@ -306,6 +306,13 @@ def rule_table():
     }
 
 
+def fix_order(finding):
+    """Where a finding's fix goes in a remediation: header backups after every other fix (a
+    backup is of the header the flag and Tang fixes leave, not of the one they rewrite)."""
+    fix = RULES[finding["rule"]].fix
+    return 1 if fix is HEADER_BACKUP else 0
+
+
 def auto_rules():
     """The rules with a fix: what remediation may repair unless the pillar narrows it."""
     return [rule for rule, r in RULES.items() if r.fix]
