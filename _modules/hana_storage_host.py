@@ -885,13 +885,26 @@ def key_slots(device, key_file):
     return {"keyslots": opened, "error": "; ".join(errors) or None}
 
 
+def _luks_below(name):
+    """The LUKS UUIDs of the opened LUKS devices an LV ``name`` lies on, when it lies on such
+    devices only (below LVM: PVs on LUKS payloads); [] for anything else."""
+    if not _read(f"{SYSFS_BLOCK}/{name}/dm/uuid").strip().startswith("LVM-"):
+        return []
+    below = [
+        core.stack.luks_uuid_of_crypt(_read(f"{SYSFS_BLOCK}/{slave}/dm/uuid").strip())
+        for slave in _listdir(f"{SYSFS_BLOCK}/{name}/slaves")
+    ]
+    return sorted(below) if below and all(below) else []
+
+
 def probe(devices, key_file=None):
     """
     What is on each device, as the data-loss guard sees it: signatures (``blkid -p``), partition
     table, PV and its VG, LUKS header and whether ``key_file`` opens it, holders, mountpoints,
     where a device without a signature holds data (``data_at``, from areas sampled over the
     whole device; ``payload_unused`` inside an opened LUKS device the formula formatted and
-    nothing was written to since), and an XFS superblock's state. Read-only: not a byte of any device changes
+    nothing was written to since, or on an LV that lies on such devices only), and an XFS
+    superblock's state. Read-only: not a byte of any device changes
     (the key is tried on an in-memory copy of the header). The key is only tried (argon2 costs
     seconds) on a closed LUKS device that has a keyslot.
 
@@ -934,6 +947,7 @@ def probe(devices, key_file=None):
             "xfs": None,
             "lvm_sees_paths": [],
             "inside_luks": None,  # an opened LUKS device: the UUID of its header
+            "luks_below": [],  # an LV on opened LUKS devices only (below LVM): their headers' UUIDs
             "payload_unused": False,  # ... formatted by this formula, nothing written inside yet
         }
         probes[device] = result
@@ -961,13 +975,16 @@ def probe(devices, key_file=None):
             result["pv_vg"] = groups.get(name)
         types = [s["type"] for s in result["signatures"]]
         result["inside_luks"] = core.stack.luks_uuid_of_crypt(_read(f"{SYSFS_BLOCK}/{name}/dm/uuid").strip())
+        result["luks_below"] = _luks_below(name)
         if not types and not result["pttype"]:
             size = _read(f"{SYSFS_BLOCK}/{name}/size").strip()
             result["data_at"] = _first_data(
                 name, int(size) * 512 if size.isascii() and size.isdigit() else HEAD_BYTES
             )
-            if result["inside_luks"]:
-                result["payload_unused"] = os.path.exists(format_marker(result["inside_luks"], "payload"))
+            formatted_here = [result["inside_luks"]] if result["inside_luks"] else result["luks_below"]
+            result["payload_unused"] = bool(formatted_here) and all(
+                os.path.exists(format_marker(uuid, "payload")) for uuid in formatted_here
+            )
         if "crypto_LUKS" in types:
             header = _header_of(name)
             result["luks"] = {k: header.get(k) for k in ("version", "uuid", "error") if k in header}

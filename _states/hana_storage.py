@@ -97,18 +97,24 @@ def _ramfs(directory):
 def _probes(devices, key_file=None):
     """hana_storage_host.probe of ``devices``, forgetting on the way (a real run only) the
     luksFormat marks of stages that are over: the header mark once its header has a keyslot,
-    the payload mark once a signature is seen inside the opened device. A header of that UUID
-    without keyslots, or data without a signature inside it, is someone's from then on, never
-    the formula's unfinished work. (A job killed after luksFormat or mkfs leaves its marks, and
-    the command, its child, finishes anyway.)"""
+    the payload mark once a signature is seen inside the opened device - a PV only once one is
+    seen on the LV above it too (below LVM, the LV the formula creates on the PVs reads the
+    same noise until mkfs). A header of that UUID without keyslots, or data without a signature
+    inside it, is someone's from then on, never the formula's unfinished work. (A job killed
+    after luksFormat, lvcreate or mkfs leaves its marks, and the command, its child, finishes
+    anyway.)"""
     probes = __salt__["hana_storage_host.probe"](devices, key_file=key_file)
     if not __opts__["test"]:
         for probe in probes.values():
             luks = probe.get("luks") or {}
             if isinstance(luks.get("uuid"), str) and luks.get("keyslots"):
                 _forget_format_mark(luks["uuid"], "header")
-            if probe.get("inside_luks") and (probe.get("signatures") or probe.get("pttype")):
+            types = [s.get("type") for s in probe.get("signatures") or []]
+            if probe.get("inside_luks") and (probe.get("pttype") or types and types != ["LVM2_member"]):
                 _forget_format_mark(probe["inside_luks"], "payload")
+            if probe.get("luks_below") and (probe.get("pttype") or types):
+                for uuid in probe["luks_below"]:
+                    _forget_format_mark(uuid, "payload")
     return probes
 
 

@@ -2208,3 +2208,33 @@ def test_a_rotation_killed_before_its_new_backup_replaces_it_on_the_next_apply(
     ret = states.header_backed_up(str(image), str(backup), str(keyfile), str(old))
     assert ret["result"] is True and ret["changes"]["header_backup"] == str(backup), ret
     assert backup_state(real_headers, backup, image) is None
+
+
+def test_below_lvm_the_payload_marks_last_until_the_lv_above_holds_a_filesystem(salt_functions, marks):
+    """Convergence (VM: test_enforce's apply killed right after lvcreate). Below LVM the LV the
+    formula creates on its PVs reads the noise of the LUKS devices under it until mkfs: the
+    payload marks of those devices must outlive pvcreate, or the next apply refuses the LV as
+    someone's data and never converges. They go once the LV holds a signature."""
+    for uuid in ("u-0", "u-1"):
+        (marks / f"{uuid}.payload").write_text("")
+
+    def probed(signatures, **where):
+        return {"signatures": [{"type": t} for t in signatures], "pttype": None, **where}
+
+    salt_functions["hana_storage_host.probe"].return_value = {
+        "/dev/mapper/hana_extra_0": probed(["LVM2_member"], inside_luks="u-0"),
+        "/dev/mapper/vg_hana_extra-lv_hana_extra": probed([], luks_below=["u-0", "u-1"]),
+    }
+    states._probes(["/dev/mapper/hana_extra_0", "/dev/mapper/vg_hana_extra-lv_hana_extra"])
+    assert sorted(p.name for p in marks.iterdir()) == ["u-0.payload", "u-1.payload"]
+    salt_functions["hana_storage_host.probe"].return_value = {
+        "/dev/mapper/vg_hana_extra-lv_hana_extra": probed(["xfs"], luks_below=["u-0", "u-1"]),
+    }
+    states._probes(["/dev/mapper/vg_hana_extra-lv_hana_extra"])
+    assert list(marks.iterdir()) == []
+    (marks / "u-2.payload").write_text("")
+    salt_functions["hana_storage_host.probe"].return_value = {
+        "/dev/mapper/x": probed(["ext4"], inside_luks="u-2")
+    }
+    states._probes(["/dev/mapper/x"])
+    assert list(marks.iterdir()) == [], "a foreign signature inside ends the mark at once"
