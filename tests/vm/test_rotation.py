@@ -233,9 +233,16 @@ def test_after_the_rotation_only_the_new_key_opens_each_device(vm, finished):
     assert sums(vm) == vm.sums
 
 
-def test_the_audit_is_compliant_with_current_header_backups(vm, finished):
+def test_the_audit_finds_only_the_previous_key_left_in_the_pillar(vm, finished):
+    """Header backups are current; what is left is the pillar's ``previous`` key, which opens no
+    keyslot any more: HANA-KEY-008 on each rotated device (issue 29, item 8), until the pillar
+    drops it (the next test)."""
     report = vm.salt("hana_storage.audit", check=True).ret
-    assert report["compliant"] is True, json.dumps(report["findings"], indent=1)[:3000]
+    found = sorted((f["rule"], f["device"]) for f in report["findings"])
+    crypts = ["/dev/mapper/hana_data", "/dev/mapper/hana_log_0", "/dev/mapper/hana_log_1"]
+    assert found == [("HANA-KEY-008", crypt) for crypt in crypts], json.dumps(report["findings"], indent=1)[
+        :3000
+    ]
 
 
 def test_no_key_material_in_argv_the_minion_log_or_the_returns(vm, keys, finished):
