@@ -58,6 +58,7 @@ its data, so the master can tell which minion really sent it (Salt lets any mini
 """
 
 import contextvars
+import importlib.util
 import logging
 import os
 import sys
@@ -69,6 +70,9 @@ import salt.utils.beacons
 import salt.utils.platform
 
 log = logging.getLogger(__name__)
+
+# the kernel watch imports pyroute2 when it binds; validate only needs to know it is there
+HAS_PYROUTE2 = importlib.util.find_spec("pyroute2") is not None
 
 __virtualname__ = "hana_storage"
 
@@ -112,9 +116,7 @@ def validate(config):
         return False, "hana_storage beacon: full_audit_interval must not be shorter than interval"
     if not isinstance(settings["uevents"], bool):
         return False, f"hana_storage beacon: uevents must be true or false, got {settings['uevents']!r}"
-    if core is None:
-        _load_core()
-    if settings["uevents"] and not core.kernel_watch.HAS_PYROUTE2:
+    if settings["uevents"] and not HAS_PYROUTE2:
         return False, "hana_storage beacon: uevents: true needs the pyroute2 Python package on the minion"
     return True, "Valid beacon configuration"
 
@@ -275,9 +277,7 @@ def beacon(config):
         core.beacon_memory.restore(state, __opts__.get("cachedir"))
     try:
         if state["watch"] is None:
-            state["watch"] = core.kernel_watch.KernelWatch(
-                config["uevents"] and core.kernel_watch.HAS_PYROUTE2
-            )
+            state["watch"] = core.kernel_watch.KernelWatch(config["uevents"] and HAS_PYROUTE2)
         devices, mounts_changed, lost = state["watch"].drain()
     except OSError as error:
         log.error("hana_storage beacon: cannot watch kernel events (%s); full audits only", error)

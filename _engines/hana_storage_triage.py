@@ -176,9 +176,10 @@ def _forever(function, *args, pause=REDELIVER_EVERY):
         time.sleep(pause)
 
 
-def follow_bus(later, delivered, settle):
-    """Confirm the outbox events the master's bus carries (``confirm_each``), until it fails."""
-    verify = __runners__["hana_storage.verify_master"]
+def follow_bus(later, delivered, settle, verify):
+    """Confirm the outbox events the master's bus carries (``confirm_each``), until it fails.
+    Runs in a thread of its own: the runner functions it calls come from ``start`` (a thread has
+    no loader context, so ``__runners__`` cannot be read there on Salt 3006)."""
     with salt.utils.event.get_master_event(__opts__, __opts__["sock_dir"], listen=True) as bus:
         events = bus.iter_events(tag="hana/storage/", full=True, auto_reconnect=True)
         confirm_each(events, later, delivered, settle, verify)
@@ -296,7 +297,16 @@ def start(workers=4, remediation_workers=16, backlog=20000, settle=30):
     later = Later()
     settle = settle_within(settle, (__opts__.get("hana_storage") or {}).get("lease"))
     for name, args in (
-        ("confirm", (follow_bus, later, __runners__["hana_storage.delivered"], settle)),
+        (
+            "confirm",
+            (
+                follow_bus,
+                later,
+                __runners__["hana_storage.delivered"],
+                settle,
+                __runners__["hana_storage.verify_master"],
+            ),
+        ),
         ("redeliver", (__runners__["hana_storage.redeliver"],)),
     ):
         threading.Thread(target=_forever, args=args, name=f"hana_storage_triage-{name}", daemon=True).start()

@@ -4,7 +4,6 @@ flags ``/proc/self/mountinfo`` with POLLPRI; a mount sends no uevent). Sockets a
 """
 
 import errno
-import importlib.util
 import logging
 import os
 import select
@@ -15,8 +14,6 @@ from . import events, tab
 
 log = logging.getLogger(__name__)
 
-# pyroute2 is imported when a watch binds its socket: every loader module imports this package
-HAS_PYROUTE2 = importlib.util.find_spec("pyroute2") is not None
 DRAIN_LIMIT = 10000  # datagrams read per tick at most; more waiting counts as lost (a full audit)
 
 
@@ -28,7 +25,8 @@ def uevent_socket():
     takes a duplicate of the bound socket and closes pyroute2's object, loop and all, itself:
     nothing of pyroute2 is left open but the parser, and closing the duplicate closes the socket.
     """
-    from pyroute2 import UeventSocket  # noqa: PLC0415 - see HAS_PYROUTE2
+    # imported here, when a watch binds: every loader module imports this package
+    from pyroute2 import UeventSocket  # noqa: PLC0415
     from pyroute2.netlink.uevent import MONITOR_GROUP_KERNEL  # noqa: PLC0415
 
     made = {}

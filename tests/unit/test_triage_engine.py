@@ -126,8 +126,11 @@ def running(engine, sock_dir, triage):
         "hana_storage.triage": triage,
         "hana_storage.delivered": lambda tag, data: True,
         "hana_storage.redeliver": lambda: 0,
+        "hana_storage.verify_master": lambda tag, data: None,
     }
-    engine.follow_bus = lambda later, delivered, settle: threading.Event().wait()  # no master's bus here
+    engine.follow_bus = lambda later, delivered, settle, verify: (
+        threading.Event().wait()
+    )  # no master's bus here
     kwargs = {"workers": 2, "remediation_workers": 2, "backlog": 4}
     threading.Thread(target=engine.start, kwargs=kwargs, daemon=True).start()
     path = os.path.join(sock_dir, engine.SOCKET_NAME)
