@@ -273,3 +273,12 @@ def test_an_accepted_id_with_a_comma_remediates_no_other_minion(
         [(events_master.id, f"salt/job/*/ret/{events_minion.id}")], after_time=started
     )
     assert [e.data.get("fun") for e in jobs if e.data.get("fun") == "hana_storage.remediate"] == []
+
+
+def test_the_triage_engines_threads_run_without_a_failure(events_master):
+    """Regression (VM events module, two 3006 masters): the engine's bus follower read
+    ``__runners__`` in its own thread, which has no loader context on Salt 3006, and failed every
+    5 s; no outbox event was confirmed from the bus. The engine logs each thread's failure."""
+    with open(events_master.factory.config["log_file"], encoding="utf-8", errors="replace") as log:
+        failures = [line.strip() for line in log if "hana_storage_triage:" in line and "ERROR" in line]
+    assert failures == [], failures[:5]
