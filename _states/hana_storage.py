@@ -620,7 +620,8 @@ def tang_bound(name, key_file, tang, header_backup=None, previous_key_file=None)
     to anything else is refused: removing that is for people to decide (HANA-KEY-003).
 
     ``header_backup``: the device's header backup (``header_backed_up``), made again once the
-    keyslots changed.
+    keyslots changed; a backup HANA-KEY-007 says must be kept refuses the binding (nothing is
+    changed: the header may have to be restored from it).
     """
     ret = _ret(name)
     urls = [s["url"] for s in tang["servers"]]
@@ -653,6 +654,10 @@ def tang_bound(name, key_file, tang, header_backup=None, previous_key_file=None)
     stale_slots = sorted(int(slot) for token in by_verdict["stale"] for slot in token["keyslots"])
     if by_verdict["matches"] and not stale_slots:
         return _done(ret, f"{name} is bound to {urls} (threshold {tang['threshold']})")
+    if header_backup:  # the backup is made again below: not over one that must be kept
+        _problem, keep = _backup_verdict(name, header, header_backup, key_file, previous_key_file, tang)
+        if keep:
+            return _done(ret, f"not binding {name}: {keep} Nothing was changed.", result=False)
     bind = not by_verdict["matches"]
     if __opts__["test"]:
         steps = ([f"bind {name} to {urls} (threshold {tang['threshold']})"] if bind else []) + (
@@ -713,6 +718,25 @@ def header_backed_up(name, backup, key_file, previous_key_file=None, tang=None, 
                 ret, f"would back up the LUKS header of {name} to {backup} once it is LUKS ({error})"
             )
         return _done(ret, f"{name}: {error}", result=False)
+    problem, keep = _backup_verdict(name, live, backup, key_file, previous_key_file, tang, formatted_by)
+    if problem is None:
+        return _done(ret, f"{backup} is a current backup of the LUKS header of {name}")
+    if keep:
+        return _done(ret, f"{keep} Nothing was changed.", result=False)
+    if __opts__["test"]:
+        return _would(
+            ret, f"would back up the LUKS header of {name} to {backup} (the backup: {problem['text']})"
+        )
+    ok, done = _back_up_header(name, backup, key_file, previous_key_file, tang)
+    if not ok:
+        return _done(ret, done, result=False)
+    return _done(ret, f"{done} (the backup: {problem['text']})", header_backup=backup)
+
+
+def _backup_verdict(name, live, backup, key_file, previous_key_file, tang, formatted_by=None):
+    """(what is wrong with ``backup`` of the live header ``live``, or None; why it must be kept
+    as it is, or None). A backup whose device lost what it holds (HANA-KEY-007) is kept unless
+    this run made that change itself: every state that writes a header backup asks here first."""
     fact = __salt__["hana_storage_host.header_backup"](backup)
     opens, retired = set(), set()
     if fact.get("exists") and "error" not in fact and core.rules.lost_keyslots(fact, live, tang):
@@ -723,27 +747,16 @@ def header_backed_up(name, backup, key_file, previous_key_file=None, tang=None, 
         if _key_files(previous_key_file):
             retired.update(_key_slots(backup, previous_key_file)["keyslots"])
     problem = core.rules.header_backup_problem(fact, live, tang, opens, retired)
-    if problem is None:
-        return _done(ret, f"{backup} is a current backup of the LUKS header of {name}")
-    if problem["rule"] == "HANA-KEY-007" and not _changed_in_this_run(
-        name, problem, fact, live, formatted_by, tang
-    ):
-        return _done(
-            ret,
-            f"not replacing the header backup {backup}: the LUKS header of {name} lost what it holds "
-            f"({problem['text']}). If the volume's key no longer opens {name}, restore it: "
-            f"{core.rules.restore_hint(name, backup)}. If that was done on purpose, move the backup "
-            "aside and apply again. Nothing was changed.",
-            result=False,
-        )
-    if __opts__["test"]:
-        return _would(
-            ret, f"would back up the LUKS header of {name} to {backup} (the backup: {problem['text']})"
-        )
-    ok, done = _back_up_header(name, backup, key_file, previous_key_file, tang)
-    if not ok:
-        return _done(ret, done, result=False)
-    return _done(ret, f"{done} (the backup: {problem['text']})", header_backup=backup)
+    if problem is None or problem["rule"] != "HANA-KEY-007":
+        return problem, None
+    if _changed_in_this_run(name, problem, fact, live, formatted_by, tang):
+        return problem, None
+    return problem, (
+        f"not replacing the header backup {backup}: the LUKS header of {name} lost what it holds "
+        f"({problem['text']}). If the volume's key no longer opens {name}, restore it: "
+        f"{core.rules.restore_hint(name, backup)}. If that was done on purpose, move the backup "
+        "aside and apply again."
+    )
 
 
 def _changed_in_this_run(device, problem, fact, live, formatted_by, tang=None):

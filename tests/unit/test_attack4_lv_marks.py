@@ -12,6 +12,7 @@ import os
 import stat
 import types
 
+import pytest
 from hana_storage_core import safety
 
 from tests.conftest import REPO
@@ -83,6 +84,11 @@ def host_with(tmp_path, monkeypatch):
     return host
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="known hole: the formula cannot tell its own LV from one made by hand under the same name "
+    "until it creates the LV itself with a tag (Salt's lvm.lv_present takes no --addtag); see the changelog",
+)
 def test_an_lv_the_formula_did_not_create_is_not_blank_for_its_marks(tmp_path, monkeypatch):
     """Attack: below LVM, an apply stops after vgcreate (killed, or lv_present fails on every
     apply: a size the VG cannot hold); the payload marks stay, as they now do past pvcreate. The
