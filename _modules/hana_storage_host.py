@@ -885,10 +885,10 @@ def key_slots(device, key_file):
     return {"keyslots": opened, "error": "; ".join(errors) or None}
 
 
-def _luks_below(name):
-    """The LUKS UUIDs of the opened LUKS devices an LV ``name`` lies on, when it lies on such
-    devices only (below LVM: PVs on LUKS payloads); [] for anything else."""
-    if not _read(f"{SYSFS_BLOCK}/{name}/dm/uuid").strip().startswith("LVM-"):
+def _luks_below(name, dm_uuid):
+    """The LUKS UUIDs of the opened LUKS devices an LV ``name`` (device-mapper UUID ``dm_uuid``)
+    lies on, when it lies on such devices only (below LVM: PVs on LUKS payloads); [] otherwise."""
+    if not dm_uuid.startswith("LVM-"):
         return []
     below = [
         core.stack.luks_uuid_of_crypt(_read(f"{SYSFS_BLOCK}/{slave}/dm/uuid").strip())
@@ -974,8 +974,9 @@ def probe(devices, key_file=None):
             groups = _pv_groups() if groups is None else groups
             result["pv_vg"] = groups.get(name)
         types = [s["type"] for s in result["signatures"]]
-        result["inside_luks"] = core.stack.luks_uuid_of_crypt(_read(f"{SYSFS_BLOCK}/{name}/dm/uuid").strip())
-        result["luks_below"] = _luks_below(name)
+        dm_uuid = _read(f"{SYSFS_BLOCK}/{name}/dm/uuid").strip()
+        result["inside_luks"] = core.stack.luks_uuid_of_crypt(dm_uuid)
+        result["luks_below"] = _luks_below(name, dm_uuid)
         if not types and not result["pttype"]:
             size = _read(f"{SYSFS_BLOCK}/{name}/size").strip()
             result["data_at"] = _first_data(

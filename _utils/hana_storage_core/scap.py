@@ -266,34 +266,36 @@ def _oval(rules, when, status):
     text_object(1, status, r"^complete$", "the formula's audit status, written whole")
     test(1, 1, "at_least_one_exists", "the audit status file is complete")
     text_object(2, "/proc/uptime", r"^(\d+)\.", "the host's uptime, in seconds")
+
+    def compared_to(number, object_number, operation, datatype, comment):
+        """State ``number``: a subexpression that stands in ``operation`` to what object
+        ``object_number`` matches (through local variable ``number``)."""
+        state = ET.SubElement(
+            states, f"{i}textfilecontent54_state", {"id": f"{ident}:ste:{number}", "version": "1"}
+        )
+        compared = {"datatype": datatype} if datatype != "string" else {}  # string: OVAL's default
+        ET.SubElement(
+            state,
+            f"{i}subexpression",
+            {**compared, "operation": operation, "var_ref": f"{ident}:var:{number}"},
+        )
+        variable = ET.SubElement(
+            variables,
+            f"{o}local_variable",
+            {"id": f"{ident}:var:{number}", "version": "1", "datatype": datatype, "comment": comment},
+        )
+        ET.SubElement(
+            variable,
+            f"{o}object_component",
+            {"object_ref": f"{ident}:obj:{object_number}", "item_field": "subexpression"},
+        )
+
     text_object(3, status, r"^valid_until_uptime (\d+)$", "the uptime until which the status holds")
-    state = ET.SubElement(states, f"{i}textfilecontent54_state", {"id": f"{ident}:ste:1", "version": "1"})
-    ET.SubElement(
-        state,
-        f"{i}subexpression",
-        {"datatype": "int", "operation": "less than or equal", "var_ref": f"{ident}:var:1"},
-    )
-    variable = ET.SubElement(
-        variables,
-        f"{o}local_variable",
-        {"id": f"{ident}:var:1", "version": "1", "datatype": "int", "comment": "valid until this uptime"},
-    )
-    ET.SubElement(
-        variable, f"{o}object_component", {"object_ref": f"{ident}:obj:3", "item_field": "subexpression"}
-    )
+    compared_to(1, 3, "less than or equal", "int", "valid until this uptime")
     test(2, 2, "only_one_exists", "the audit status is within its validity", state=1)
     text_object(4, status, r"^boot_id (\S+)$", "the boot the status was written in")
     text_object(5, "/proc/sys/kernel/random/boot_id", r"^(\S+)$", "this boot")
-    state = ET.SubElement(states, f"{i}textfilecontent54_state", {"id": f"{ident}:ste:2", "version": "1"})
-    ET.SubElement(state, f"{i}subexpression", {"operation": "equals", "var_ref": f"{ident}:var:2"})
-    variable = ET.SubElement(
-        variables,
-        f"{o}local_variable",
-        {"id": f"{ident}:var:2", "version": "1", "datatype": "string", "comment": "this boot"},
-    )
-    ET.SubElement(
-        variable, f"{o}object_component", {"object_ref": f"{ident}:obj:5", "item_field": "subexpression"}
-    )
+    compared_to(2, 5, "equals", "string", "this boot")
     test(3, 4, "only_one_exists", "the audit status was written in this boot", state=2)
 
     for rule_id, rule in rules:

@@ -453,11 +453,10 @@ class LocalStore:
                 self._append(f"{name}.log", line)
             if os.path.getsize(path) > JOURNAL_BYTES:
                 with self._file_lock(f"{name}.lock", fcntl.LOCK_EX):
-                    with contextlib.suppress(FileNotFoundError):  # rotated by another process
-                        if os.path.getsize(path) > JOURNAL_BYTES:
-                            os.replace(path, path + ".1")
+                    if os.path.getsize(path) > JOURNAL_BYTES:
+                        os.replace(path, path + ".1")
         except FileNotFoundError:
-            pass  # rotated by another process between the append and the look
+            pass  # rotated by another process after the append (_open wraps its own errors)
         except OSError as error:  # a full disk, a lost directory: the caller decides
             raise StoreError(f"the local store's {name} at {path}: {error}") from None
 
