@@ -18,8 +18,7 @@ import jsonschema
 import pytest
 from hana_storage_core import evidence
 
-from tests.unit.test_events import load
-from tests.unit.test_evidence import host_part, returns_of
+from tests.unit.test_evidence import host_part, report_runner, returns_of
 
 
 def _int_volume(part):
@@ -46,14 +45,6 @@ def _infinite_actual(part):
     part["findings"][0]["actual"] = [float("inf")]
 
 
-class Client:
-    def __init__(self, returns):
-        self.returns = returns
-
-    def cmd(self, *_args, **_kwargs):
-        return self.returns
-
-
 @pytest.mark.parametrize(
     "change",
     [
@@ -67,13 +58,11 @@ class Client:
     ids=lambda f: f.__name__,
 )
 def test_the_json_report_is_strict_json_valid_against_its_schema(change, tmp_path, monkeypatch):
-    runner = load("_runners/hana_storage.py", "runner_attack3_json")
-    runner.__opts__ = {"cachedir": str(tmp_path / "cache"), "conf_file": "/dev/null", "id": "salt-master-1"}
     hostile = host_part("hana-evil")
     change(hostile)
     returns = returns_of([host_part("hana-01")])
     returns["hana-evil"] = {"ret": hostile, "retcode": 0}
-    monkeypatch.setattr(runner.salt.client, "get_local_client", lambda _conf: Client(returns))
+    runner = report_runner(tmp_path, monkeypatch, returns, "runner_attack3_json")
     out = tmp_path / "evidence.json"
     runner.report(format="json", out=str(out))  # TypeError today for mixed keys
 

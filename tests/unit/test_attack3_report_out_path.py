@@ -13,24 +13,11 @@ a report (refuse, or confine ``out`` to a reports directory, or write only a new
 
 import contextlib
 
-from tests.unit.test_events import load
-from tests.unit.test_evidence import host_part, returns_of
-
-
-class Client:
-    def __init__(self, returns):
-        self.returns = returns
-
-    def cmd(self, *_args, **_kwargs):
-        return self.returns
+from tests.unit.test_evidence import host_part, report_runner, returns_of
 
 
 def test_the_report_never_replaces_a_file_that_is_not_a_report(tmp_path, monkeypatch):
-    runner = load("_runners/hana_storage.py", "runner_attack3_out")
-    runner.__opts__ = {"cachedir": str(tmp_path / "cache"), "conf_file": "/dev/null", "id": "salt-master-1"}
-    monkeypatch.setattr(
-        runner.salt.client, "get_local_client", lambda _conf: Client(returns_of([host_part("hana-01")]))
-    )
+    runner = report_runner(tmp_path, monkeypatch, returns_of([host_part("hana-01")]), "runner_attack3_out")
     victim = tmp_path / "etc" / "shadow"
     victim.parent.mkdir()
     victim.write_text("root:$6$saltsalt$hash:19000:0:99999:7:::\n")

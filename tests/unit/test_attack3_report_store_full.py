@@ -15,23 +15,11 @@ import json
 
 from hana_storage_core import store
 
-from tests.unit.test_events import load
-from tests.unit.test_evidence import host_part, returns_of
-
-
-class Client:
-    def __init__(self, returns):
-        self.returns = returns
-
-    def cmd(self, *_args, **_kwargs):
-        return self.returns
+from tests.unit.test_evidence import host_part, report_runner, returns_of
 
 
 def test_the_report_is_written_when_the_store_cannot_keep_its_history(tmp_path, monkeypatch):
-    runner = load("_runners/hana_storage.py", "runner_attack3_full")
-    runner.__opts__ = {"cachedir": str(tmp_path / "cache"), "conf_file": "/dev/null", "id": "salt-master-1"}
-    returns = returns_of([host_part("hana-01")])
-    monkeypatch.setattr(runner.salt.client, "get_local_client", lambda _conf: Client(returns))
+    runner = report_runner(tmp_path, monkeypatch, returns_of([host_part("hana-01")]), "runner_attack3_full")
     append = store.LocalStore._append
 
     def full_disk(self, name, line):

@@ -21,6 +21,20 @@ def host_part(host, facts=None, when=1_790_000_000):
     return evidence.host_evidence(plan, facts, rules.audit(plan, facts), host, when)
 
 
+def report_runner(tmp_path, monkeypatch, returns, name):
+    """The hana_storage runner, its LocalClient answering every call with ``returns``."""
+    from tests.unit.test_events import load
+
+    class Client:
+        def cmd(self, *_args, **_kwargs):
+            return returns
+
+    runner = load("_runners/hana_storage.py", name)
+    runner.__opts__ = {"cachedir": str(tmp_path / "cache"), "conf_file": "/dev/null", "id": "salt-master-1"}
+    monkeypatch.setattr(runner.salt.client, "get_local_client", lambda _conf: Client())
+    return runner
+
+
 def returns_of(parts, errors=()):
     found = {p["host"]: {"ret": p, "retcode": 0} for p in parts}
     found.update(
