@@ -102,6 +102,16 @@ def _pillar_devices(config):
     ]
 
 
+def _lv_paths(config):
+    paths = []
+    volumes = config.get("volumes") if isinstance(config.get("volumes"), dict) else {}
+    for name, volume in volumes.items():
+        names = {**core.pillar.default_names(name), **volume} if isinstance(volume, dict) else {}
+        if isinstance(names.get("vg"), str) and isinstance(names.get("lv"), str):
+            paths.append(f"/dev/{names['vg']}/{names['lv']}")
+    return paths
+
+
 def validate_pillar(pillar=None, host_checks=True):
     """
     Validate ``hana:storage`` (JSON Schema, then semantic and host checks).
@@ -129,6 +139,7 @@ def validate_pillar(pillar=None, host_checks=True):
             "devices": _host("device_facts")(_pillar_devices(config)),
             "system_devices": _host("system_devices")(),
             "paths": _host("path_facts")([backups] if isinstance(backups, str) else []),
+            "lvs": _host("lv_geometry")(_lv_paths(config)),
         }
     return core.pillar.validate(config, _schema(), facts, core.rules.auto_rules())
 

@@ -9,6 +9,7 @@ the package ``hana_storage_core``; the stable interface is ``hana_storage``'s, w
 """
 
 import contextlib
+import fcntl
 import logging
 import os
 import re
@@ -74,6 +75,75 @@ def device_facts(devices):
         except OSError:
             facts[device] = {"exists": False}
     return facts
+
+
+def mounted_xfs_bytes(mountpoint):
+    """The data section of the XFS mounted at ``mountpoint``, in bytes, as the filesystem has it
+    now (its geometry ioctl; the superblock read through the block device lags it)."""
+    fd = os.open(mountpoint, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        raw = bytearray(core.xfs.GEOMETRY_SIZE)
+        fcntl.ioctl(fd, core.xfs.GEOMETRY_IOCTL, raw, True)
+    except OSError as error:
+        raise CommandExecutionError(f"{mountpoint}: XFS geometry not read: {error.strerror}") from None
+    finally:
+        os.close(fd)
+    return core.xfs.parse_geometry(raw)["data_bytes"]
+
+
+def block_bytes(path):
+    """The size of the block device at ``path`` in bytes (sysfs), or None if it has none."""
+    size = _read(f"{SYSFS_BLOCK}/{_kernel_name(path)}/size").strip()
+    return int(size) * 512 if size.isascii() and size.isdigit() else None
+
+
+def lv_geometry(lv_paths):
+    """{lv path: {"stripes", "stripe_size", "pvs"}} of those of ``lv_paths`` that exist: the
+    stripes of the first segment (the LV's own geometry) and how many PVs its segments span."""
+    wanted = {tuple(path.split("/")[2:4]): path for path in lv_paths if path.count("/") == 3}
+    if not wanted:
+        return {}
+    segments = _read_lvm_segments()
+    if not isinstance(segments, list):
+        return {}  # no LVM here: nothing to grow
+    found = {}
+    for segment in segments:
+        path = wanted.get((segment["vg"], segment["lv"]))
+        if path is None:
+            continue
+        entry = found.setdefault(
+            path, {"stripes": segment["stripes"], "stripe_size": segment["stripe_size"], "pvs": set()}
+        )
+        entry["pvs"].update(segment["devices"])
+    return {path: {**entry, "pvs": len(entry["pvs"])} for path, entry in found.items()}
+
+
+def vg_pvs(vg):
+    """{"pvs": [the PVs of ``vg``]} or {"error": ...}: for hana_storage.vg_extended."""
+    text, error = _run(core.lvm.pv_room_command(vg))
+    if error:
+        return {"error": error}
+    try:
+        return {"pvs": [p["pv"] for p in core.lvm.parse_pv_room(text)]}
+    except ValueError as err:
+        return {"error": str(err)}
+
+
+def lv_room(lv_path):
+    """The LV's segments and its VG's PVs with their free extents, for hana_storage.lv_extended:
+    {"segments": [...], "pvs": [...]} or {"error": ...}."""
+    vg, lv = lv_path.split("/")[2:4]
+    segments = _read_lvm_segments()
+    if not isinstance(segments, list):
+        return segments
+    text, error = _run(core.lvm.pv_room_command(vg))
+    if error:
+        return {"error": error}
+    try:
+        pvs = core.lvm.parse_pv_room(text)
+    except ValueError as err:
+        return {"error": str(err)}
+    return {"segments": [s for s in segments if (s["vg"], s["lv"]) == (vg, lv)], "pvs": pvs}
 
 
 def path_facts(paths):
@@ -386,6 +456,11 @@ def facts(plan, reuse_lvm=False):
             superblocks[name] = {"error": "not read: a device of the stack is suspended"}
         else:
             superblocks[name] = _superblock_of(name)
+    for mount in mounts:  # a mounted XFS's size: its own, not the superblock's copy on the device
+        name = by_dev.get(mount["dev"])
+        if mount["mountpoint"] in mountpoints and "data_bytes" in superblocks.get(name, {}):
+            with contextlib.suppress(CommandExecutionError):
+                superblocks[name]["data_bytes"] = mounted_xfs_bytes(mount["mountpoint"])
     closed = _closed_headers(plan, devices)
     backups = _header_backup_facts(plan)
     return {

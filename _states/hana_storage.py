@@ -1086,6 +1086,158 @@ def lv_active(name):
     return _done(ret, f"activated {name}", activated=name)
 
 
+def _real(path):
+    return os.path.realpath(path)
+
+
+def vg_extended(name, pvs):
+    """
+    Every PV the pillar gives the volume is in its VG ``name``: ``vgextend`` with those that are
+    not yet (after ``pv-N`` made them PVs). Salt's ``lvm.vg_present`` extends an existing VG
+    even under test=True, so it only creates the VG here.
+    """
+    ret = _ret(name)
+    room = __salt__["hana_storage_host.vg_pvs"](name)
+    if "error" in room:
+        return _done(ret, f"cannot read the PVs of {name}: {room['error']}", result=False)
+    if not room["pvs"]:
+        if __opts__["test"]:
+            return _done(ret, f"{name} is not created yet: its PVs come with it")
+        return _done(ret, f"volume group {name} does not exist", result=False)
+    inside = {_real(pv) for pv in room["pvs"]}
+    joining = [pv for pv in pvs if _real(pv) not in inside]
+    if not joining:
+        return _done(ret, f"{name} holds each of its PVs")
+    argv = ["vgextend", name, *joining]
+    if __opts__["test"]:
+        return _would(ret, f"would run {' '.join(argv)}")
+    ok, err = _run(argv)
+    if not ok:
+        return _done(ret, f"vgextend {name} failed: {err}", result=False)
+    return _done(ret, f"added {', '.join(joining)} to {name}", extended={"vg": name, "pvs": joining})
+
+
+# A new PV's room before it exists (test mode): its device less a LUKS2 header (below LVM) and
+# LVM's metadata area, both at most this much; the apply reads the real figures.
+PV_OVERHEAD_BYTES = 17 << 20
+
+
+def lv_extended(name, stripes, stripe_kib, size, pvs, devices=None):
+    """
+    The LV ``name`` (``/dev/<vg>/<lv>``) fills what its pillar ``size`` asks for, grown online
+    in its own stripes: ``100%FREE`` grows it into the room new PVs brought to its VG, a size in
+    bytes to that size. Each extension is one segment of ``stripes`` x ``stripe_kib`` over
+    ``stripes`` of the pillar's PVs (``pvs``; never another PV of the VG, nor one LVM may not
+    allocate); one that cannot be striped so is refused, and free space on fewer PVs than the
+    stripes is left unused. lvextend changes no byte of the data already there.
+
+    devices
+        The pillar's devices under ``pvs`` (below LVM: the disks under the crypt devices): in
+        test mode the room of a PV that does not exist yet is estimated from its device.
+    """
+    ret = _ret(name)
+    room = __salt__["hana_storage_host.lv_room"](name)
+    if "error" in room:
+        return _done(ret, f"cannot read the LVM layout of {name}: {room['error']}", result=False)
+    if not room["segments"]:
+        if __opts__["test"]:
+            return _done(ret, f"{name} is not created yet: nothing to grow")
+        return _done(ret, f"logical volume {name} does not exist", result=False)
+    wanted = {_real(pv) for pv in pvs}
+    usable = [p for p in room["pvs"] if p["allocatable"] and _real(p["pv"]) in wanted]
+    estimated = []
+    if __opts__["test"] and room["pvs"]:  # PVs an apply adds to the VG first (vg_extended)
+        inside = {_real(p["pv"]) for p in room["pvs"]}
+        extent = room["pvs"][0]["extent_bytes"]
+        for pv, device in zip(pvs, devices or pvs, strict=False):
+            if _real(pv) in inside:
+                continue
+            device_bytes = __salt__["hana_storage_host.block_bytes"](pv if os.path.exists(pv) else device)
+            free = max((device_bytes or 0) - PV_OVERHEAD_BYTES, 0) // extent
+            usable.append({"pv": pv, "free": free, "extent_bytes": extent, "allocatable": True})
+            estimated.append(pv)
+    lv = "/".join(name.split("/")[2:4])
+    plan = core.lvm.extension(lv, stripes, stripe_kib * 1024, size, room["segments"], usable)
+    if plan["action"] == "refuse":
+        return _done(ret, f"not growing {name}: {plan['reason']}. Nothing was changed.", result=False)
+    if plan["action"] == "none":
+        return _done(ret, plan["reason"])
+    commands = "; ".join(" ".join(argv) for argv in plan["argv"])
+    if __opts__["test"]:
+        once = f" once {', '.join(estimated)} joined its VG (their room estimated)" if estimated else ""
+        return _would(ret, f"would grow {name} online by {plan['adds_bytes']} bytes{once}: {commands}")
+    before = sum(segment["size"] for segment in room["segments"])
+    for argv in plan["argv"]:
+        ok, err = _run(argv)
+        if not ok:
+            return _done(ret, f"{' '.join(argv)} failed: {err}", result=False)
+    return _done(
+        ret,
+        f"grew {name} online: {commands}",
+        extended={"old": before, "new": before + plan["adds_bytes"], "stripes": stripes},
+    )
+
+
+def crypt_grown(name, device, key_file):
+    """
+    The open crypt device ``name`` spans all of ``device`` (the LV it sits on, above LVM): after
+    the LV grew, ``cryptsetup resize`` online, the key on a file. The data stays where it is.
+    """
+    ret = _ret(name)
+    table = __salt__["hana_storage_host.dm_tables"]().get(name)
+    segment = next((s for s in table or [] if s["target"] == "crypt"), None)
+    if segment is None or not _same_device(segment["device"], device):
+        if __opts__["test"]:
+            return _done(ret, f"{name} is not open yet: nothing to resize")
+        return _done(ret, f"/dev/mapper/{name} is not an open crypt mapping of {device}", result=False)
+    backing = __salt__["hana_storage_host.block_bytes"](device)
+    if not backing:
+        return _done(ret, f"the size of {device} cannot be read: not resizing {name}", result=False)
+    have = sum(s["length"] for s in table) * 512
+    want = backing - segment["offset"] * 512
+    if have >= want:
+        return _done(ret, f"{name} spans all of {device}")
+    if __opts__["test"]:
+        return _would(ret, f"would resize {name} online from {have} to {want} bytes (cryptsetup resize)")
+    ok, err = _run(core.commands.luks_resize(name, key_file))
+    if not ok:
+        return _done(ret, f"cryptsetup resize {name} failed: {err}", result=False)
+    return _done(ret, f"resized {name} online to all of {device}", resized={"old": have, "new": want})
+
+
+def fs_grown(name, device):
+    """
+    The XFS mounted at ``name`` from ``device`` fills its device (``xfs_growfs`` online, after
+    the device under it grew). The fix of HANA-LAYOUT-009. A filesystem is never shrunk, and
+    one that is not mounted from ``device`` is left alone.
+    """
+    ret = _ret(name)
+    try:
+        live = _live_mount(name)
+    except MountTableError as error:
+        return _done(ret, f"{error}: not growing anything there", result=False)
+    if not live or not os.path.exists(device) or live["dev"] != _dev_of(device):
+        if __opts__["test"]:
+            return _done(ret, f"{device} is not mounted at {name} yet: nothing to grow")
+        return _done(ret, f"{device} is not mounted at {name}: not growing it", result=False)
+    fs = __salt__["hana_storage_host.mounted_xfs_bytes"](name)
+    backing = __salt__["hana_storage_host.block_bytes"](device)
+    if not backing:
+        return _done(ret, f"the size of {device} cannot be read: not growing the XFS at {name}", result=False)
+    if backing - fs < core.xfs.GROWABLE_BYTES:
+        return _done(ret, f"the XFS at {name} fills {device}")
+    argv = core.commands.xfs_grow(name)
+    if __opts__["test"]:
+        return _would(
+            ret, f"would grow the XFS at {name} online from {fs} to {backing} bytes: {' '.join(argv)}"
+        )
+    ok, err = _run(argv)
+    if not ok:
+        return _done(ret, f"xfs_growfs {name} failed: {err}", result=False)
+    grown = __salt__["hana_storage_host.mounted_xfs_bytes"](name)
+    return _done(ret, f"grew the XFS at {name} online to {grown} bytes", grown={"old": fs, "new": grown})
+
+
 def formatted(
     name, stripe_kib=0, stripes=1, mkfs_options=(), may_wipe=False, opened_by=None, created_by=None
 ):

@@ -70,6 +70,16 @@ def luks_refresh(name, key_file, flag_options, persistent):
     return [*argv, *(["--persistent"] if persistent else []), name]
 
 
+def luks_resize(name, key_file):
+    """The open crypt device ``name`` to the whole of the device under it (after the LV grew)."""
+    return ["cryptsetup", "resize", "--key-file", key_file, name]
+
+
+def xfs_grow(mountpoint):
+    """The mounted XFS at ``mountpoint`` to the whole of its device, online."""
+    return ["xfs_growfs", "-d", mountpoint]
+
+
 def luks_add_key(device, key_file, new_key_file, pbkdf):
     """A new keyslot for the key in ``new_key_file``, authorised by the key in ``key_file``
     (an existing keyslot's), with the policy's PBKDF."""

@@ -158,3 +158,147 @@ def _devices(text, where):
             raise LvmReportError(f"{where}: device {part[:60]!r} is not '<path>(<extent>)'")
         devices.append(match["path"])
     return devices
+
+
+# ---- growth --------------------------------------------------------------------------------------
+
+PV_ROOM_FIELDS = "pv_name,vg_name,pv_pe_count,pv_pe_alloc_count,pv_allocatable,vg_extent_size"
+
+
+def pv_room_command(vg):
+    """The `pvs` invocation parse_pv_room reads: the extents of each PV of ``vg``."""
+    return [
+        "pvs",
+        *NO_SUSPENDED,
+        "--reportformat",
+        "json",
+        "--units",
+        "b",
+        "--nosuffix",
+        "--select",
+        f"vg_name={vg}",
+        "-o",
+        PV_ROOM_FIELDS,
+    ]
+
+
+def parse_pv_room(text):
+    """PVs of one VG: [{pv, vg, extents, free, allocatable, extent_bytes}] (free: extents not
+    allocated; allocatable: LVM may put new extents there, not after ``pvchange -x n``)."""
+    rooms = []
+    for index, row in enumerate(_rows(text, "pv")):
+        where = f"pv {index}"
+        extents, allocated = _integer(row, "pv_pe_count", where), _integer(row, "pv_pe_alloc_count", where)
+        if allocated > extents:
+            raise LvmReportError(f"{where}: {allocated} extents allocated of {extents}")
+        extent_bytes = _integer(row, "vg_extent_size", where)
+        if extent_bytes <= 0:
+            raise LvmReportError(f"{where}: no extent size")
+        rooms.append(
+            {
+                "pv": _string(row, "pv_name", where),
+                "vg": _string(row, "vg_name", where),
+                "extents": extents,
+                "free": extents - allocated,
+                "allocatable": _string(row, "pv_allocatable", where) == "allocatable",
+                "extent_bytes": extent_bytes,
+            }
+        )
+    return rooms
+
+
+_SIZE = re.compile(r"^(?P<number>[0-9]+)(?P<unit>[KMGTkmgt]?)$")
+_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def size_bytes(size):
+    """An LV size of the pillar (``500G``; no unit: MiB, as lvcreate -L reads it) in bytes, or
+    None for a size relative to free space or the VG (``100%FREE``, ``90%VG``)."""
+    match = _SIZE.match(str(size))
+    if not match:
+        return None
+    return int(match["number"]) * _UNITS[(match["unit"] or "m").lower()]
+
+
+def extension(lv, stripes, stripe_bytes, size, segments, pvs):
+    """How the LV ``vg/lv`` grows to its pillar ``size`` in whole stripes. Pure.
+
+    ``segments``: the LV's (parse_segments), ``pvs``: the PVs it may grow onto (its VG's that the
+    pillar gives the volume and LVM may allocate, parse_pv_room). The pillar's
+    geometry is the LV's (its first segment): an extension in another one, or over fewer PVs
+    than the stripes, would add a tail that spreads HANA's I/O over fewer LUNs than planned.
+    Each extension is one segment over ``stripes`` named PVs, those with the most free
+    extents. Returns {"action": "none" | "extend" | "refuse", "reason": str,
+    "argv": [lvextend argv, ...], "adds_bytes": int}.
+    """
+
+    def answer(action, reason, argv=(), adds=0):
+        return {"action": action, "reason": reason, "argv": list(argv), "adds_bytes": adds}
+
+    if not segments or not pvs:
+        return answer("none", f"{lv} or its PVs are not in the LVM report yet")
+    extent = pvs[0]["extent_bytes"]
+    current = sum(s["size"] for s in segments)
+    wanted = size_bytes(size)
+    if wanted is None and str(size) != "100%FREE":
+        return answer("none", f"{lv} is sized {size}: only 100%FREE or a size in bytes grows it")
+    free = {p["pv"]: p["free"] for p in pvs if p["free"] > 0}
+    if wanted is not None:
+        if wanted <= current:
+            return answer("none", f"{lv} holds {current} bytes, the pillar asks for {size}")
+        need = -(-(wanted - current) // extent)  # extents, rounded up to whole stripes below
+        need = -(-need // stripes) * stripes
+    else:
+        need = None
+        if len(free) < stripes:
+            return answer("none", _left(lv, free, stripes, extent))
+    first = segments[0]
+    geometry = (first["stripes"], first["stripe_size"] if first["stripes"] > 1 else 0)
+    if geometry != (stripes, stripe_bytes if stripes > 1 else 0):
+        return answer(
+            "refuse",
+            f"{lv} has {geometry[0]} stripe(s) of {geometry[1] // 1024} KiB and the pillar asks for "
+            f"{stripes} of {stripe_bytes // 1024} KiB: it can only grow in its own geometry (set the "
+            f"volume's stripes and stripe_size to the LV's, and give it a multiple of {geometry[0]} devices)",
+        )
+    argv, added = [], 0
+    while len(free) >= stripes and (need is None or added < need):
+        chosen = sorted(free, key=lambda pv: (-free[pv], pv))[:stripes]
+        per_pv = min(free[pv] for pv in chosen)
+        if need is not None:
+            per_pv = min(per_pv, (need - added) // stripes)
+        argv.append(
+            [
+                "lvextend",
+                "--extents",
+                f"+{per_pv * stripes}",
+                *(
+                    ["--stripes", str(stripes), "--stripesize", f"{stripe_bytes // 1024}k"]
+                    if stripes > 1
+                    else []
+                ),
+                lv,
+                *chosen,
+            ]
+        )
+        added += per_pv * stripes
+        for pv in chosen:
+            free[pv] -= per_pv
+            if not free[pv]:
+                del free[pv]
+    if need is not None and added < need:
+        return answer(
+            "refuse",
+            f"{lv} needs {need * extent} more bytes for {size} in {stripes} stripe(s); its VG has room for "
+            f"{added * extent} (add devices in multiples of {stripes})",
+        )
+    return answer(
+        "extend", f"{lv} grows by {added * extent} bytes in {stripes} stripe(s)", argv, added * extent
+    )
+
+
+def _left(lv, free, stripes, extent):
+    if not free:
+        return f"{lv} fills its VG"
+    spread = ", ".join(f"{pv} {count * extent} bytes" for pv, count in sorted(free.items()))
+    return f"{lv}: free space on {len(free)} PV(s) ({spread}) cannot be striped {stripes} ways: left unused"

@@ -381,6 +381,14 @@ def semantic_errors(config, fixable=None):
             )
         mountpoints[name] = mountpoint
 
+        stripes = volume.get("stripes", len(volume["devices"]))
+        if len(volume["devices"]) % stripes:
+            errors.append(
+                f"{keypath('volumes', name, 'devices')}: {len(volume['devices'])} devices cannot carry "
+                f"{stripes} stripes evenly: give it a multiple of {stripes} devices "
+                f"({', '.join(str(stripes * k) for k in _multiples_near(len(volume['devices']), stripes))})"
+            )
+
         stripe, origin = _setting(config, name, "stripe_size")
         kib = parse_kib(stripe)
         if kib < STRIPE_MIN_KIB or kib > STRIPE_MAX_KIB or kib & (kib - 1):
@@ -503,6 +511,52 @@ def _options_errors(settings, where):
                 f"{keypath(*where, 'mkfs_options', index)}: stripe alignment (su/sw) is derived "
                 f"from stripe_size and the device count; remove it"
             )
+        if option.startswith("-d") and re.search(r"(^|[ ,])size=", option[2:]):
+            errors.append(
+                f"{keypath(*where, 'mkfs_options', index)}: the XFS fills its volume (the formula "
+                "grows it with the volume, and XFS cannot shrink); size the volume instead (size)"
+            )
+    return errors
+
+
+def _multiples_near(count, stripes):
+    """The multiples of ``stripes`` around ``count`` (in units of ``stripes``)."""
+    if count % stripes == 0:
+        return [count // stripes]
+    low = max(count // stripes, 1)
+    return [low, low + 1]
+
+
+def _growth_errors(config, lvs):
+    """An existing LV grows only in its own stripes: a pillar that gives it more devices in
+    another stripe count is refused before any device is touched. ``lvs``: {lv path: {"stripes",
+    "pvs"}} of the volumes' LVs that exist (hana_storage_host.lv_geometry)."""
+    errors = []
+    for name, volume in config["volumes"].items():
+        names = {**default_names(name), **volume}
+        found = lvs.get(f"/dev/{names['vg']}/{names['lv']}")
+        devices = len(volume["devices"])
+        stripes = volume.get("stripes", devices)
+        # a first segment without stripes (error, zero, thin) is no geometry to keep
+        if not found or found["stripes"] < 1 or devices <= found["pvs"]:
+            continue
+        have = found["stripes"]
+        stripe_bytes = parse_kib(_setting(config, name, "stripe_size")[0]) * 1024
+        if have == stripes and have > 1 and found["stripe_size"] != stripe_bytes:
+            errors.append(
+                f"{keypath('volumes', name, 'stripe_size')}: /dev/{names['vg']}/{names['lv']} has stripes "
+                f"of {found['stripe_size'] // 1024} KiB; its new devices would add a segment of "
+                f"{stripe_bytes // 1024} KiB: set stripe_size: {found['stripe_size'] // 1024}"
+            )
+            continue
+        if have == stripes:
+            continue
+        errors.append(
+            f"{keypath('volumes', name, 'stripes')}: /dev/{names['vg']}/{names['lv']} has {have} stripe(s) "
+            f"over {found['pvs']} devices; {devices - found['pvs']} new device(s) in {stripes} stripes would "
+            f"add a {stripes}-stripe segment: set stripes: {have} and give it a multiple of {have} devices "
+            f"({', '.join(str(have * k) for k in _multiples_near(devices, have))})"
+        )
     return errors
 
 
@@ -533,6 +587,7 @@ def host_errors(config, facts):
             if real in realpaths and realpaths[real][0] != where:
                 errors.append(f"{where}: {device} is the same disk as {realpaths[real][1]} ({real})")
             realpaths.setdefault(real, (where, device))
+    errors += _growth_errors(config, facts.get("lvs", {}))
     directory = (config.get("header_backup") or {}).get("directory")
     fact = facts.get("paths", {}).get(directory) if directory else None
     if fact:
@@ -638,7 +693,7 @@ def normalize(config, systemd_version=None):
             volume.setdefault(field, default)
         volume.setdefault("allow_format", [])
         volume["stripe_size_kib"] = parse_kib(volume.pop("stripe_size"))
-        volume["stripes"] = len(volume["devices"])
+        volume["stripes"] = volume.get("stripes", len(volume["devices"]))
         volume["key"] = _volume_key(name, raw, config)
         volume["lv_path"] = f"/dev/{volume['vg']}/{volume['lv']}"
         # device-mapper's name for the LV: '-' inside VG and LV names is doubled

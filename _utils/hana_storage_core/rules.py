@@ -8,7 +8,7 @@ not be gathered is ``{"error": "..."}`` and the rule that needs it says so.
 
 from typing import NamedTuple
 
-from . import controls, stack, tab
+from . import controls, stack, tab, xfs
 
 
 class Fix(NamedTuple):
@@ -67,6 +67,12 @@ MOUNT = Fix(
         "fstab_options": "volume.fstab_options",
     },
     needs="mounted",  # a volume that is not mounted is HANA-MOUNT-001, which is manual
+)
+FS_GROWN = Fix(
+    "hana_storage.fs_grown",
+    "volume",
+    {"name": "volume.mountpoint", "device": "volume.fs_device"},
+    needs="mounted",  # xfs_growfs grows a mounted filesystem only
 )
 TANG_BINDING = Fix(
     "hana_storage.tang_bound",
@@ -219,6 +225,19 @@ RULES = {
         "high",
         "LVM scans the paths of a multipath LUN whose map is a PV (duplicates)",
         rationale="LVM sees each PV twice and may use a single path, or refuse the volume group.",
+        controls=STORAGE,
+    ),
+    "HANA-LAYOUT-008": Rule(
+        "medium",
+        "the LV's segments differ in stripe count or stripe size",
+        rationale="A growth that added a narrower segment spreads the newest data over fewer LUNs, for good.",
+        controls=STORAGE,
+    ),
+    "HANA-LAYOUT-009": Rule(
+        "medium",
+        "XFS is smaller than its device (the volume grew, the filesystem did not)",
+        FS_GROWN,
+        rationale="HANA sees no more room than before the growth and runs full while the space sits unused.",
         controls=STORAGE,
     ),
     "HANA-PERSIST-001": Rule(
@@ -1034,22 +1053,37 @@ class VolumeAudit:
             return
         for name in info["lvs"]:
             segments = self._lv_segments(name) or self._segments_from_table(name)
-            for segment in segments:
-                actual = {
+            geometries = [
+                {
                     "stripes": segment["stripes"],
                     "stripe_size": segment["stripe_size"] if segment["stripes"] > 1 else 0,
                 }
-                if actual != expected:
-                    self.add(
-                        "HANA-LAYOUT-001",
-                        self.devices[name]["path"],
-                        expected,
-                        actual,
-                        f"{self.devices[name]['path']} stripes {actual['stripes']} x "
-                        f"{actual['stripe_size'] // 1024} KiB, the pillar says {want_stripes} x "
-                        f"{self.volume['stripe_size_kib']} KiB",
-                    )
-                    break
+                for segment in segments
+            ]
+            if not geometries:
+                continue
+            path = self.devices[name]["path"]
+            first = geometries[0]
+            if first != expected:
+                self.add(
+                    "HANA-LAYOUT-001",
+                    path,
+                    expected,
+                    first,
+                    f"{path} stripes {first['stripes']} x {first['stripe_size'] // 1024} KiB, the "
+                    f"pillar says {want_stripes} x {self.volume['stripe_size_kib']} KiB",
+                )
+            other = next((g for g in geometries[1:] if g != first), None)
+            if other:
+                self.add(
+                    "HANA-LAYOUT-008",
+                    path,
+                    first,
+                    other,
+                    f"{path} has a segment of {other['stripes']} x {other['stripe_size'] // 1024} KiB "
+                    f"after its {first['stripes']} x {first['stripe_size'] // 1024} KiB: data written there "
+                    "is spread over fewer LUNs (a growth that was not striped)",
+                )
 
     def _segments_from_table(self, name):
         segments = []
@@ -1061,10 +1095,21 @@ class VolumeAudit:
         return segments
 
     def _xfs_rules(self, top):
+        superblock = self.facts.get("superblocks", {}).get(top)
+        if superblock and "error" not in superblock:
+            device_bytes = self.devices[top]["size_bytes"]
+            if device_bytes - superblock["data_bytes"] >= xfs.GROWABLE_BYTES:
+                self.add(
+                    "HANA-LAYOUT-009",
+                    self.devices[top]["path"],
+                    device_bytes,
+                    superblock["data_bytes"],
+                    f"{self.volume['mountpoint']}: the XFS holds {superblock['data_bytes']} bytes of its "
+                    f"device's {device_bytes} (grown without xfs_growfs)",
+                )
         stripes = self.volume["stripes"]
         if stripes < 2:
             return
-        superblock = self.facts.get("superblocks", {}).get(top)
         unit = self.volume["stripe_size_kib"] * 1024
         expected = {"sunit": unit, "swidth": unit * stripes}
         if not superblock or "error" in superblock:

@@ -254,6 +254,13 @@ BREAKS = {
         flags=["allow_discards", "no_read_workqueue", "no_write_workqueue"]
     ),
     "HANA-LAYOUT-001": lambda f: f["lvm"][0].update(stripe_size=65536),
+    # a growth in another geometry: a 1-stripe tail after the 2 x 256 KiB segment
+    "HANA-LAYOUT-008": lambda f: f["lvm"].insert(
+        1, dict(f["lvm"][0], stripes=1, stripe_size=0, start=1 << 30)
+    ),
+    "HANA-LAYOUT-009": lambda f: f["superblocks"]["dm-1"].update(
+        data_bytes=f["superblocks"]["dm-1"]["data_bytes"] - (64 << 20)
+    ),
     "HANA-LAYOUT-003": lambda f: f["superblocks"]["dm-1"].update(sunit_bytes=0, swidth_bytes=0),
     "HANA-LAYOUT-004": lambda f: f["devices"]["dm-0"].update(suspended=True),
     "HANA-LAYOUT-005": on_one_path_of_a_lun,
@@ -270,6 +277,7 @@ BREAKS = {
 DEVICE = {
     "HANA-KEY-001": KEY_FILE,
     "HANA-LAYOUT-001": "/dev/mapper/vg_a-lv_a",
+    "HANA-LAYOUT-008": "/dev/mapper/vg_a-lv_a",
     "HANA-LAYOUT-005": "/dev/vda",
     "HANA-LAYOUT-006": "/dev/vda",
 }

@@ -442,7 +442,7 @@ def test_xfs_superblock_matches_xfs_db(tmp_path, su, sw):
     )
     subprocess.run(args, check=True)
     out = subprocess.run(
-        ["xfs_db", "-r", "-c", "sb 0", "-c", "p unit width uuid blocksize", str(image)],
+        ["xfs_db", "-r", "-c", "sb 0", "-c", "p unit width uuid blocksize dblocks", str(image)],
         capture_output=True,
         text=True,
         check=True,
@@ -452,6 +452,7 @@ def test_xfs_superblock_matches_xfs_db(tmp_path, su, sw):
     assert sb["uuid"] == ref["uuid"] and sb["label"] == "hanatest"
     assert sb["sunit_bytes"] == int(ref["unit"]) * int(ref["blocksize"])
     assert sb["swidth_bytes"] == int(ref["width"]) * int(ref["blocksize"])
+    assert sb["data_bytes"] == int(ref["dblocks"]) * int(ref["blocksize"])
 
 
 @pytest.mark.parametrize(

@@ -207,7 +207,22 @@ SHORT_KEY = base64.b64encode(b"short").decode()
 # (id, key path set, value, key path expected in an error, words expected in that error)
 BAD = [
     ("unknown-top-key", "colour", "blue", "hana:storage:colour", "unknown key"),
-    ("unknown-volume-key", "volumes:data:stripes", 4, "hana:storage:volumes:data:stripes", "unknown key"),
+    (
+        "unknown-volume-key",
+        "volumes:data:stripe_count",
+        4,
+        "hana:storage:volumes:data:stripe_count",
+        "unknown key",
+    ),
+    ("stripes-zero", "volumes:data:stripes", 0, "hana:storage:volumes:data:stripes", "at least 1"),
+    ("stripes-not-int", "volumes:data:stripes", "4", "hana:storage:volumes:data:stripes", "integer"),
+    (
+        "stripes-uneven",
+        "volumes:data:stripes",
+        3,
+        "hana:storage:volumes:data:devices",
+        "multiple of 3 devices (3, 6)",
+    ),
     ("unknown-luks-key", "luks:mode", "fast", "hana:storage:luks:mode", "unknown key"),
     ("volumes-not-mapping", "volumes", ["data"], "hana:storage:volumes", "must be object"),
     ("no-volumes", "volumes", {}, "hana:storage:volumes", "at least 1"),

@@ -15,6 +15,7 @@ from hana_storage_core import pillar as pillar
 from salt.exceptions import CommandExecutionError
 
 from tests.conftest import REPO
+from tests.unit.test_growth import BUILT, MIB4, pvs
 
 spec = importlib.util.spec_from_file_location("hana_storage_state", REPO / "_states" / "hana_storage.py")
 states = importlib.util.module_from_spec(spec)
@@ -47,6 +48,7 @@ def salt_functions(marks):
         "hana_storage_host.probe": MagicMock(),
         "hana_storage_host.luks_header": MagicMock(return_value={"uuid": "u-1", "flags": [], "tokens": []}),
         "hana_storage_host.dm_tables": MagicMock(return_value={}),
+        "hana_storage_host.block_bytes": MagicMock(return_value=None),
         "hana_storage.validate_pillar": MagicMock(return_value=[]),
         "lvm.lvdisplay": MagicMock(return_value={}),
         "cmd.run_all": MagicMock(return_value={"retcode": 0, "stdout": "", "stderr": ""}),
@@ -2238,3 +2240,166 @@ def test_below_lvm_the_payload_marks_last_until_the_lv_above_holds_a_filesystem(
     }
     states._probes(["/dev/mapper/x"])
     assert list(marks.iterdir()) == [], "a foreign signature inside ends the mark at once"
+
+
+# ---- growing online: lv_extended, crypt_grown, fs_grown -------------------------------------------------------------------------------------
+
+LOG_LV = "/dev/vg_hana_log/lv_hana_log"
+PVS = [f"/dev/{pv}" for pv in "abcdef"]  # the pillar's PVs of the growth tests
+
+
+def test_lv_extended_in_test_mode_names_each_command_and_runs_none(salt_functions, dry_run):
+    salt_functions["hana_storage_host.lv_room"] = lambda name: {
+        "segments": BUILT,
+        "pvs": pvs(a=0, b=0, c=9, d=9),
+    }
+    ret = states.lv_extended(LOG_LV, 2, 64, "100%FREE", PVS)
+    assert ret["result"] is None and ret["changes"] == {}
+    assert (
+        "lvextend --extents +18 --stripes 2 --stripesize 64k vg_hana_log/lv_hana_log /dev/c /dev/d"
+        in ret["comment"]
+    )
+    assert_nothing_done(salt_functions)
+
+
+def test_lv_extended_runs_lvextend_once_and_says_how_much(salt_functions):
+    salt_functions["hana_storage_host.lv_room"] = lambda name: {
+        "segments": BUILT,
+        "pvs": pvs(a=0, b=0, c=9, d=9),
+    }
+    ret = states.lv_extended(LOG_LV, 2, 64, "100%FREE", PVS)
+    assert ret["result"] is True and ret["changes"]["extended"] == {
+        "old": 200 * MIB4,
+        "new": 218 * MIB4,
+        "stripes": 2,
+    }
+    assert argvs_run(salt_functions) == [
+        ["lvextend", "--extents", "+18", "--stripes", "2", "--stripesize", "64k", "vg_hana_log/lv_hana_log",
+         "/dev/c", "/dev/d"]
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("test", [True, False], ids=["test", "apply"])
+def test_lv_extended_refuses_another_geometry_and_touches_nothing(salt_functions, opts, test):
+    opts["test"] = test
+    salt_functions["hana_storage_host.lv_room"] = lambda name: {"segments": BUILT, "pvs": pvs(c=9, d=9, e=9)}
+    ret = states.lv_extended(LOG_LV, 3, 64, "100%FREE", PVS)
+    assert ret["result"] is False and ret["changes"] == {} and "Nothing was changed" in ret["comment"]
+    assert_nothing_done(salt_functions)
+
+
+def test_lv_extended_reports_an_lvm_report_it_cannot_read(salt_functions):
+    salt_functions["hana_storage_host.lv_room"] = lambda name: {"error": "pvs exited 5: locking failed"}
+    ret = states.lv_extended(LOG_LV, 2, 64, "100%FREE", PVS)
+    assert ret["result"] is False and "pvs exited 5" in ret["comment"]
+    assert_nothing_done(salt_functions)
+
+
+CRYPT_TABLE = {
+    "hana_data": [{"target": "crypt", "device": "253:0", "offset": 32768, "start": 0, "length": 1000}]
+}
+
+
+def test_crypt_grown_resizes_with_the_key_on_a_file_once(salt_functions, monkeypatch):
+    monkeypatch.setattr(states, "_same_device", lambda table_device, path: True)
+    salt_functions["hana_storage_host.dm_tables"].return_value = CRYPT_TABLE
+    salt_functions["hana_storage_host.block_bytes"] = lambda path: (32768 + 5000) * 512
+    ret = states.crypt_grown("hana_data", "/dev/vg_hana_data/lv_hana_data", "/etc/hana-storage/keys/hana.key")
+    assert ret["result"] is True and ret["changes"] == {"resized": {"old": 1000 * 512, "new": 5000 * 512}}
+    assert argvs_run(salt_functions) == [
+        ["cryptsetup", "resize", "--key-file", "/etc/hana-storage/keys/hana.key", "hana_data"]
+    ]
+    salt_functions["hana_storage_host.block_bytes"] = lambda path: (32768 + 1000) * 512
+    salt_functions["cmd.run_all"].reset_mock()
+    again = states.crypt_grown(
+        "hana_data", "/dev/vg_hana_data/lv_hana_data", "/etc/hana-storage/keys/hana.key"
+    )
+    assert again["result"] is True and again["changes"] == {}
+    assert_nothing_done(salt_functions)
+
+
+def test_crypt_grown_in_test_mode_resizes_nothing(salt_functions, monkeypatch, dry_run):
+    monkeypatch.setattr(states, "_same_device", lambda table_device, path: True)
+    salt_functions["hana_storage_host.dm_tables"].return_value = CRYPT_TABLE
+    salt_functions["hana_storage_host.block_bytes"] = lambda path: (32768 + 5000) * 512
+    ret = states.crypt_grown("hana_data", "/dev/vg_hana_data/lv_hana_data", "/k")
+    assert ret["result"] is None and "would resize hana_data online" in ret["comment"]
+    assert_nothing_done(salt_functions)
+
+
+@pytest.mark.parametrize("test", [True, False], ids=["test", "apply"])
+def test_fs_grown_grows_only_a_mounted_xfs_smaller_than_its_device(salt_functions, monkeypatch, opts, test):
+    opts["test"] = test
+    monkeypatch.setattr(states, "_live_mount", lambda mountpoint: {"dev": "253:4"})
+    monkeypatch.setattr(states, "_dev_of", lambda path: "253:4")
+    monkeypatch.setattr(states.os.path, "exists", lambda path: True)
+    sizes = iter([1 << 30, 2 << 30])
+    salt_functions["hana_storage_host.mounted_xfs_bytes"] = lambda mountpoint: next(sizes)
+    salt_functions["hana_storage_host.block_bytes"] = lambda path: 2 << 30
+    ret = states.fs_grown("/hana/log", "/dev/vg_hana_log/lv_hana_log")
+    if test:
+        assert ret["result"] is None and "xfs_growfs -d /hana/log" in ret["comment"]
+        assert_nothing_done(salt_functions)
+    else:
+        assert ret["result"] is True and ret["changes"] == {"grown": {"old": 1 << 30, "new": 2 << 30}}
+        assert argvs_run(salt_functions) == [["xfs_growfs", "-d", "/hana/log"]]
+
+
+def test_fs_grown_leaves_a_gap_smaller_than_an_allocation_group_and_a_foreign_mount(
+    salt_functions, monkeypatch
+):
+    monkeypatch.setattr(states, "_live_mount", lambda mountpoint: {"dev": "253:4"})
+    monkeypatch.setattr(states.os.path, "exists", lambda path: True)
+    monkeypatch.setattr(states, "_dev_of", lambda path: "253:4")
+    salt_functions["hana_storage_host.mounted_xfs_bytes"] = lambda mountpoint: (1 << 30) - (8 << 20)
+    salt_functions["hana_storage_host.block_bytes"] = lambda path: 1 << 30
+    assert states.fs_grown("/hana/log", "/dev/x")["changes"] == {}
+    monkeypatch.setattr(states, "_dev_of", lambda path: "8:0")  # another device is mounted there
+    ret = states.fs_grown("/hana/log", "/dev/x")
+    assert ret["result"] is False and "not mounted at /hana/log" in ret["comment"]
+    assert_nothing_done(salt_functions)
+
+
+def test_lv_extended_in_test_mode_names_the_pvs_that_would_join(salt_functions, dry_run):
+    salt_functions["hana_storage_host.lv_room"] = lambda name: {"segments": BUILT, "pvs": pvs(a=0, b=0)}
+    salt_functions["hana_storage_host.block_bytes"].return_value = 100 * MIB4 + (17 << 20)
+    ret = states.lv_extended(LOG_LV, 2, 64, "100%FREE", pvs=["/dev/a", "/dev/b", "/dev/c", "/dev/d"])
+    assert ret["result"] is None and ret["changes"] == {}
+    assert ret["comment"] == (
+        f"would grow {LOG_LV} online by {200 * MIB4} bytes once /dev/c, /dev/d joined its VG (their room "
+        "estimated): lvextend --extents +200 --stripes 2 --stripesize 64k vg_hana_log/lv_hana_log /dev/c /dev/d"
+    )
+    assert_nothing_done(salt_functions)
+
+
+@pytest.mark.parametrize("test", [True, False], ids=["test", "apply"])
+def test_lv_extended_before_the_lv_exists(salt_functions, opts, test):
+    opts["test"] = test
+    salt_functions["hana_storage_host.lv_room"] = lambda name: {"segments": [], "pvs": []}
+    ret = states.lv_extended(LOG_LV, 2, 64, "100%FREE", PVS)
+    assert ret["result"] is (True if test else False) and ret["changes"] == {}
+    assert_nothing_done(salt_functions)
+
+
+def test_vg_extended_adds_only_the_pvs_not_in_the_vg_and_then_nothing(salt_functions):
+    inside = ["/dev/a", "/dev/b"]
+    salt_functions["hana_storage_host.vg_pvs"] = lambda vg: {"pvs": list(inside)}
+    ret = states.vg_extended("vg_hana_log", ["/dev/a", "/dev/b", "/dev/c", "/dev/d"])
+    assert ret["result"] is True and ret["changes"] == {
+        "extended": {"vg": "vg_hana_log", "pvs": ["/dev/c", "/dev/d"]}
+    }
+    assert argvs_run(salt_functions) == [["vgextend", "vg_hana_log", "/dev/c", "/dev/d"]]
+    inside += ["/dev/c", "/dev/d"]
+    salt_functions["cmd.run_all"].reset_mock()
+    again = states.vg_extended("vg_hana_log", ["/dev/a", "/dev/b", "/dev/c", "/dev/d"])
+    assert again["result"] is True and again["changes"] == {}
+    assert_nothing_done(salt_functions)
+
+
+@pytest.mark.parametrize("test", [True, False], ids=["test", "apply"])
+def test_vg_extended_before_the_vg_exists(salt_functions, opts, test):
+    opts["test"] = test
+    salt_functions["hana_storage_host.vg_pvs"] = lambda vg: {"pvs": []}
+    ret = states.vg_extended("vg_hana_log", ["/dev/a"])
+    assert ret["result"] is (True if test else False) and ret["changes"] == {}
+    assert_nothing_done(salt_functions)

@@ -40,6 +40,9 @@ VOLUMES = {
     "align": (2, 256, {}, "noalign", ["HANA-LAYOUT-003"]),
     "degraded": (1, 256, {}, "degraded", ["HANA-ENC-007"]),
     "stale": (1, 256, {}, "nocrypttab", ["HANA-PERSIST-001", "HANA-PERSIST-002"]),
+    # grown by hand: a linear tail after the stripes; an LV and its crypt device grown, the XFS not
+    "tail": (2, 256, {}, "tail", ["HANA-LAYOUT-008"]),
+    "ungrown": (1, 256, {}, "ungrown", ["HANA-LAYOUT-009"]),
 }
 
 
@@ -80,7 +83,12 @@ def build_script(name):
     vg, lv, crypt, mnt = f"vg_hana_{name}", f"lv_hana_{name}", f"hana_{name}", f"/hana/{name}"
     key = extra.get("key", {}).get("path", KEY)
     stripes = f"-i {count} -I {stripe}k" if count > 1 else ""
-    lvm = f"pvcreate -q {disks} && vgcreate -q {vg} {disks} && lvcreate -q -y {stripes} -l 100%FREE -n {lv} {vg}"
+    first = "50%FREE" if how in ("tail", "ungrown") else "100%FREE"
+    lvm = (
+        f"pvcreate -q {disks} && vgcreate -q {vg} {disks} && lvcreate -q -y {stripes} -l {first} -n {lv} {vg}"
+    )
+    if how == "tail":
+        lvm += f" && lvextend -q -i 1 -l +100%FREE {vg}/{lv}"
     lvpath = f"/dev/{vg}/{lv}"
     mkfs = f"-d su={stripe}k,sw={count}" if count > 1 else ""
     opts = "luks,no-read-workqueue,no-write-workqueue"
@@ -139,6 +147,8 @@ def build_script(name):
     steps.append(f"mkdir -p {mnt}")
     if how != "unmounted":
         steps.append(f"mount -o noatime,nodiratime,logbsize=256k {fs} {mnt}")
+    if how == "ungrown":
+        steps.append(f"lvextend -q -l +100%FREE {vg}/{lv} && cryptsetup resize --key-file {key} {crypt}")
     if how == "degraded":  # break the secondary LUKS2 header copy's JSON (checksum fails)
         steps.append(f"printf 'X' | dd of={lvpath} bs=1 seek=$((16384 + 4096 + 20)) conv=notrunc status=none")
     return "\n".join(f"{s} || {{ echo {shlex.quote(f'FAILED: {name}: {s[:60]}')}; exit 1; }}" for s in steps)

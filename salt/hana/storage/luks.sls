@@ -99,6 +99,17 @@ hana-storage-{{ name }}-flags-{{ loop.index0 }}:
     - flags: {{ luks.flags | json }}
     - require:
       - hana_storage: hana-storage-{{ name }}-{{ bound }}
+{%-       if above %}
+
+hana-storage-{{ name }}-crypt-grown:
+  hana_storage.crypt_grown:
+    - name: {{ crypt.name }}
+    - device: {{ crypt.device }}
+    - key_file: {{ volume.key.file }}
+    - require:
+      - hana_storage: hana-storage-{{ name }}-flags-{{ loop.index0 }}
+      - hana_storage: hana-storage-{{ name }}-lv-extended
+{%-       endif %}
 {%-       if crypt.header_backup %}
 
 hana-storage-{{ name }}-header-backup-{{ loop.index0 }}:

@@ -1,7 +1,10 @@
 # -*- coding: utf-8 -*-
 # vim: ft=sls
 # PVs, VG and one striped LV per volume (Salt's lvm states): on the disks (above LVM) or on
-# the opened LUKS devices (below LVM).
+# the opened LUKS devices (below LVM). New devices join the VG and the LV grows into them in
+# its own stripes. Salt's vg_present and lv_present only create (unless): an existing VG or LV
+# grows through the formula's vg_extended and lv_extended (vg_present would vgextend under
+# test=True, lv_present resize without the stripes and shrink-fail on a size LVM rounded up).
 ---
 {%- from "hana/storage/map.jinja" import hana_storage with context %}
 {%- if hana_storage.valid %}
@@ -20,15 +23,24 @@ hana-storage-{{ name }}-vg:
   lvm.vg_present:
     - name: {{ volume.vg }}
     - devices: {{ volume.pvs | json }}
+    - unless: vgs {{ volume.vg }}
     - require:
 {%-     for pv in volume.pvs %}
       - lvm: hana-storage-{{ name }}-pv-{{ loop.index0 }}
 {%-     endfor %}
 
+hana-storage-{{ name }}-vg-extended:
+  hana_storage.vg_extended:
+    - name: {{ volume.vg }}
+    - pvs: {{ volume.pvs | json }}
+    - require:
+      - lvm: hana-storage-{{ name }}-vg
+
 hana-storage-{{ name }}-lv:
   lvm.lv_present:
     - name: {{ volume.lv }}
     - vgname: {{ volume.vg }}
+    - unless: lvs {{ volume.vg }}/{{ volume.lv }}
 {%-     if '%' in volume.size %}
     - extents: {{ volume.size }}
 {%-     else %}
@@ -39,12 +51,23 @@ hana-storage-{{ name }}-lv:
     - stripesize: {{ volume.stripe_size_kib }}k
 {%-     endif %}
     - require:
-      - lvm: hana-storage-{{ name }}-vg
+      - hana_storage: hana-storage-{{ name }}-vg-extended
 
 hana-storage-{{ name }}-lv-active:
   hana_storage.lv_active:
     - name: {{ volume.lv_path }}
     - require:
       - lvm: hana-storage-{{ name }}-lv
+
+hana-storage-{{ name }}-lv-extended:
+  hana_storage.lv_extended:
+    - name: {{ volume.lv_path }}
+    - stripes: {{ volume.stripes }}
+    - stripe_kib: {{ volume.stripe_size_kib }}
+    - size: {{ volume.size | json }}
+    - pvs: {{ volume.pvs | json }}
+    - devices: {{ volume.devices | json }}
+    - require:
+      - hana_storage: hana-storage-{{ name }}-lv-active
 {%-   endfor %}
 {%- endif %}

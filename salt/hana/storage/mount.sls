@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # vim: ft=sls
-# Mounted with the pillar's options, in /etc/fstab by filesystem UUID.
+# Mounted with the pillar's options, in /etc/fstab by filesystem UUID; grown online with its device.
 ---
 {%- from "hana/storage/map.jinja" import hana_storage with context %}
 {%- if hana_storage.valid %}
@@ -14,5 +14,17 @@ hana-storage-{{ name }}-mount:
     - fstab_options: {{ volume.fstab_options | json }}
     - require:
       - hana_storage: hana-storage-{{ name }}-mkfs
+
+hana-storage-{{ name }}-fs-grown:
+  hana_storage.fs_grown:
+    - name: {{ volume.mountpoint }}
+    - device: {{ volume.fs_device }}
+    - require:
+      - hana_storage: hana-storage-{{ name }}-mount
+{%-     if volume.encryption == 'above_lvm' %}
+      - hana_storage: hana-storage-{{ name }}-crypt-grown
+{%-     else %}
+      - hana_storage: hana-storage-{{ name }}-lv-extended
+{%-     endif %}
 {%-   endfor %}
 {%- endif %}
