@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import platform
 import re
 import stat
 
@@ -77,18 +78,31 @@ def device_facts(devices):
     return facts
 
 
-def mounted_xfs_bytes(mountpoint):
+def mounted_xfs_bytes(mountpoint, dev=None):
     """The data section of the XFS mounted at ``mountpoint``, in bytes, as the filesystem has it
-    now (its geometry ioctl; the superblock read through the block device lags it)."""
-    fd = os.open(mountpoint, os.O_RDONLY | os.O_DIRECTORY)
+    now (its geometry ioctl; the superblock read through the block device lags it). ``dev``: the
+    mount's ``major:minor`` in the mount table; the path must lead to that filesystem (a mount
+    over a parent directory hides the entry the table still lists)."""
     try:
-        raw = bytearray(core.xfs.GEOMETRY_SIZE)
-        fcntl.ioctl(fd, core.xfs.GEOMETRY_IOCTL, raw, True)
+        fd = os.open(mountpoint, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as error:
         raise CommandExecutionError(f"{mountpoint}: XFS geometry not read: {error.strerror}") from None
+    try:
+        found = os.fstat(fd).st_dev
+        if dev is not None and f"{os.major(found)}:{os.minor(found)}" != dev:
+            raise CommandExecutionError(
+                f"{mountpoint}: XFS geometry not read: the path leads to device "
+                f"{os.major(found)}:{os.minor(found)}, not the mounted {dev} (another mount hides it)"
+            )
+        raw = bytearray(core.xfs.GEOMETRY_SIZE)
+        fcntl.ioctl(fd, core.xfs.geometry_ioctl(platform.machine()), raw, True)
+        return core.xfs.parse_geometry(raw)["data_bytes"]
+    except OSError as error:
+        raise CommandExecutionError(f"{mountpoint}: XFS geometry not read: {error.strerror}") from None
+    except core.xfs.XfsError as error:
+        raise CommandExecutionError(f"{mountpoint}: XFS geometry not read: {error}") from None
     finally:
         os.close(fd)
-    return core.xfs.parse_geometry(raw)["data_bytes"]
 
 
 def block_bytes(path):
@@ -460,7 +474,7 @@ def facts(plan, reuse_lvm=False):
         name = by_dev.get(mount["dev"])
         if mount["mountpoint"] in mountpoints and "data_bytes" in superblocks.get(name, {}):
             with contextlib.suppress(CommandExecutionError):
-                superblocks[name]["data_bytes"] = mounted_xfs_bytes(mount["mountpoint"])
+                superblocks[name]["data_bytes"] = mounted_xfs_bytes(mount["mountpoint"], mount["dev"])
     closed = _closed_headers(plan, devices)
     backups = _header_backup_facts(plan)
     return {

@@ -1117,9 +1117,11 @@ def vg_extended(name, pvs):
     return _done(ret, f"added {', '.join(joining)} to {name}", extended={"vg": name, "pvs": joining})
 
 
-# A new PV's room before it exists (test mode): its device less a LUKS2 header (below LVM) and
-# LVM's metadata area, both at most this much; the apply reads the real figures.
-PV_OVERHEAD_BYTES = 17 << 20
+# A new PV's room before it exists (test mode): its device less LVM's metadata area in front
+# of the extents (pvcreate's default) and, below LVM, the LUKS2 header in front of the data
+# (luksFormat's default); the apply reads the real figures.
+PV_METADATA_BYTES = 1 << 20
+LUKS2_HEADER_BYTES = 16 << 20
 
 
 def lv_extended(name, stripes, stripe_kib, size, pvs, devices=None):
@@ -1152,8 +1154,12 @@ def lv_extended(name, stripes, stripe_kib, size, pvs, devices=None):
         for pv, device in zip(pvs, devices or pvs, strict=False):
             if _real(pv) in inside:
                 continue
-            device_bytes = __salt__["hana_storage_host.block_bytes"](pv if os.path.exists(pv) else device)
-            free = max((device_bytes or 0) - PV_OVERHEAD_BYTES, 0) // extent
+            if pv == device or os.path.exists(pv):  # the disk itself (above LVM), or an opened LUKS device
+                device_bytes, overhead = __salt__["hana_storage_host.block_bytes"](pv), PV_METADATA_BYTES
+            else:  # below LVM, before luksFormat and open
+                device_bytes = __salt__["hana_storage_host.block_bytes"](device)
+                overhead = PV_METADATA_BYTES + LUKS2_HEADER_BYTES
+            free = max((device_bytes or 0) - overhead, 0) // extent
             usable.append({"pv": pv, "free": free, "extent_bytes": extent, "allocatable": True})
             estimated.append(pv)
     lv = "/".join(name.split("/")[2:4])
@@ -1178,12 +1184,27 @@ def lv_extended(name, stripes, stripe_kib, size, pvs, devices=None):
     )
 
 
-def crypt_grown(name, device, key_file):
+def _pending_in_this_run(state_id):
+    """Did the state ``state_id`` of this (test) run say it would change something?"""
+    running = globals().get("__running__") or {}
+    return bool(state_id) and any(
+        r.get("__id__") == state_id and r.get("result") is None for r in running.values()
+    )
+
+
+def crypt_grown(name, device, key_file, grown_by=None):
     """
     The open crypt device ``name`` spans all of ``device`` (the LV it sits on, above LVM): after
     the LV grew, ``cryptsetup resize`` online, the key on a file. The data stays where it is.
+
+    grown_by
+        The ID of the state that grows ``device`` (lv_extended): when test mode says it would,
+        this state says what it would run after it.
     """
     ret = _ret(name)
+    if __opts__["test"] and _pending_in_this_run(grown_by):
+        argv = core.commands.luks_resize(name, key_file)
+        return _would(ret, f"would run {' '.join(argv)} once {device} grew")
     table = __salt__["hana_storage_host.dm_tables"]().get(name)
     segment = next((s for s in table or [] if s["target"] == "crypt"), None)
     if segment is None or not _same_device(segment["device"], device):
@@ -1205,13 +1226,29 @@ def crypt_grown(name, device, key_file):
     return _done(ret, f"resized {name} online to all of {device}", resized={"old": have, "new": want})
 
 
-def fs_grown(name, device):
+def _dev_at(path):
+    """``major:minor`` of the filesystem the directory ``path`` leads to, or None."""
+    try:
+        found = os.stat(path).st_dev
+    except OSError:
+        return None
+    return f"{os.major(found)}:{os.minor(found)}"
+
+
+def fs_grown(name, device, grown_by=None):
     """
     The XFS mounted at ``name`` from ``device`` fills its device (``xfs_growfs`` online, after
     the device under it grew). The fix of HANA-LAYOUT-009. A filesystem is never shrunk, and
-    one that is not mounted from ``device`` is left alone.
+    one that is not mounted from ``device``, or that the path ``name`` does not lead to (a mount
+    over a parent directory hides it), is left alone.
+
+    grown_by
+        The ID of the state that grows ``device`` (lv_extended): when test mode says it would,
+        this state says what it would run after it.
     """
     ret = _ret(name)
+    if __opts__["test"] and _pending_in_this_run(grown_by):
+        return _would(ret, f"would run {' '.join(core.commands.xfs_grow(name))} once {device} grew")
     try:
         live = _live_mount(name)
     except MountTableError as error:
@@ -1220,7 +1257,17 @@ def fs_grown(name, device):
         if __opts__["test"]:
             return _done(ret, f"{device} is not mounted at {name} yet: nothing to grow")
         return _done(ret, f"{device} is not mounted at {name}: not growing it", result=False)
-    fs = __salt__["hana_storage_host.mounted_xfs_bytes"](name)
+    if _dev_at(name) != live["dev"]:
+        return _done(
+            ret,
+            f"{name} leads to another filesystem than {device} mounted there (a mount over a parent "
+            "directory hides it): not growing anything",
+            result=False,
+        )
+    try:
+        fs = __salt__["hana_storage_host.mounted_xfs_bytes"](name, live["dev"])
+    except CommandExecutionError as error:
+        return _done(ret, f"not growing the XFS at {name}: {error}", result=False)
     backing = __salt__["hana_storage_host.block_bytes"](device)
     if not backing:
         return _done(ret, f"the size of {device} cannot be read: not growing the XFS at {name}", result=False)
@@ -1234,7 +1281,10 @@ def fs_grown(name, device):
     ok, err = _run(argv)
     if not ok:
         return _done(ret, f"xfs_growfs {name} failed: {err}", result=False)
-    grown = __salt__["hana_storage_host.mounted_xfs_bytes"](name)
+    try:
+        grown = __salt__["hana_storage_host.mounted_xfs_bytes"](name, live["dev"])
+    except CommandExecutionError as error:
+        return _done(ret, f"xfs_growfs {name} ran; its new size is not read: {error}", result=False)
     return _done(ret, f"grew the XFS at {name} online to {grown} bytes", grown={"old": fs, "new": grown})
 
 

@@ -21,8 +21,14 @@ GROWABLE_BYTES = 64 << 20
 # XFS_IOC_FSGEOMETRY_V1 (xfs_fs.h): the geometry of a mounted XFS, as the filesystem has it
 # now. A mounted XFS writes its superblock through its own buffers, so sector 0 read through the
 # block device lags it (after xfs_growfs, for as long as the page cache keeps the old sector).
-GEOMETRY_IOCTL = 0x80705864  # _IOR('X', 100, struct xfs_fsop_geom_v1)
-GEOMETRY_SIZE = 112
+GEOMETRY_SIZE = 112  # struct xfs_fsop_geom_v1
+
+
+def geometry_ioctl(machine):
+    """_IOR('X', 100, struct xfs_fsop_geom_v1) as the kernel of ``machine`` (platform.machine())
+    spells it: powerpc, mips and sparc keep the direction in bits 29-31, the others in 30-31."""
+    read = 0x40000000 if machine.startswith(("ppc", "powerpc", "mips", "sparc")) else 0x80000000
+    return read | GEOMETRY_SIZE << 16 | ord("X") << 8 | 100
 
 
 class XfsError(ValueError):

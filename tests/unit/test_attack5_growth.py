@@ -54,7 +54,7 @@ def xfs_host(salt_functions, superblock_bytes, mounted_bytes, grows_to=None):
     salt_functions["hana_storage_host.xfs_superblock"].return_value = {"data_bytes": superblock_bytes}
     salt_functions["hana_storage_host.block_bytes"] = lambda path: 2 * GIB
     mounted = {"bytes": mounted_bytes}
-    salt_functions["hana_storage_host.mounted_xfs_bytes"] = lambda mountpoint: mounted["bytes"]
+    salt_functions["hana_storage_host.mounted_xfs_bytes"] = lambda mountpoint, dev=None: mounted["bytes"]
     ran = []
 
     def run_all(argv, **kwargs):
@@ -74,6 +74,7 @@ def xfs_host(salt_functions, superblock_bytes, mounted_bytes, grows_to=None):
 @pytest.fixture
 def mounted_log(monkeypatch):
     monkeypatch.setattr(states, "_live_mount", lambda mountpoint: {"dev": "253:4"})
+    monkeypatch.setattr(states, "_dev_at", lambda path: "253:4")
     monkeypatch.setattr(states, "_dev_of", lambda path: "253:4")
     monkeypatch.setattr(states.os.path, "exists", lambda path: True)
 

@@ -2331,10 +2331,11 @@ def test_crypt_grown_in_test_mode_resizes_nothing(salt_functions, monkeypatch, d
 def test_fs_grown_grows_only_a_mounted_xfs_smaller_than_its_device(salt_functions, monkeypatch, opts, test):
     opts["test"] = test
     monkeypatch.setattr(states, "_live_mount", lambda mountpoint: {"dev": "253:4"})
+    monkeypatch.setattr(states, "_dev_at", lambda path: "253:4")  # the path leads to that mount
     monkeypatch.setattr(states, "_dev_of", lambda path: "253:4")
     monkeypatch.setattr(states.os.path, "exists", lambda path: True)
     sizes = iter([1 << 30, 2 << 30])
-    salt_functions["hana_storage_host.mounted_xfs_bytes"] = lambda mountpoint: next(sizes)
+    salt_functions["hana_storage_host.mounted_xfs_bytes"] = lambda mountpoint, dev=None: next(sizes)
     salt_functions["hana_storage_host.block_bytes"] = lambda path: 2 << 30
     ret = states.fs_grown("/hana/log", "/dev/vg_hana_log/lv_hana_log")
     if test:
@@ -2349,9 +2350,10 @@ def test_fs_grown_leaves_a_gap_smaller_than_an_allocation_group_and_a_foreign_mo
     salt_functions, monkeypatch
 ):
     monkeypatch.setattr(states, "_live_mount", lambda mountpoint: {"dev": "253:4"})
+    monkeypatch.setattr(states, "_dev_at", lambda path: "253:4")  # the path leads to that mount
     monkeypatch.setattr(states.os.path, "exists", lambda path: True)
     monkeypatch.setattr(states, "_dev_of", lambda path: "253:4")
-    salt_functions["hana_storage_host.mounted_xfs_bytes"] = lambda mountpoint: (1 << 30) - (8 << 20)
+    salt_functions["hana_storage_host.mounted_xfs_bytes"] = lambda mountpoint, dev=None: (1 << 30) - (8 << 20)
     salt_functions["hana_storage_host.block_bytes"] = lambda path: 1 << 30
     assert states.fs_grown("/hana/log", "/dev/x")["changes"] == {}
     monkeypatch.setattr(states, "_dev_of", lambda path: "8:0")  # another device is mounted there
@@ -2362,7 +2364,9 @@ def test_fs_grown_leaves_a_gap_smaller_than_an_allocation_group_and_a_foreign_mo
 
 def test_lv_extended_in_test_mode_names_the_pvs_that_would_join(salt_functions, dry_run):
     salt_functions["hana_storage_host.lv_room"] = lambda name: {"segments": BUILT, "pvs": pvs(a=0, b=0)}
-    salt_functions["hana_storage_host.block_bytes"].return_value = 100 * MIB4 + (17 << 20)
+    salt_functions["hana_storage_host.block_bytes"].return_value = 100 * MIB4 + (
+        1 << 20
+    )  # + pvcreate's metadata
     ret = states.lv_extended(LOG_LV, 2, 64, "100%FREE", pvs=["/dev/a", "/dev/b", "/dev/c", "/dev/d"])
     assert ret["result"] is None and ret["changes"] == {}
     assert ret["comment"] == (

@@ -53,7 +53,7 @@ hana-storage-{{ name }}-open-{{ loop.index0 }}:
 hana-storage-{{ name }}-inside-{{ loop.index0 }}:
   hana_storage.pv_safe:
     - name: /dev/mapper/{{ crypt.name }}
-    - vg: {{ volume.vg }}
+    - vg: {{ volume.vg | json }}
     - lv_dm_name: {{ volume.lv_dm_name }}
     - opened_by: hana-storage-{{ name }}-open-{{ loop.index0 }}
     - require:
@@ -106,6 +106,7 @@ hana-storage-{{ name }}-crypt-grown:
     - name: {{ crypt.name }}
     - device: {{ crypt.device }}
     - key_file: {{ volume.key.file }}
+    - grown_by: hana-storage-{{ name }}-lv-extended
     - require:
       - hana_storage: hana-storage-{{ name }}-flags-{{ loop.index0 }}
       - hana_storage: hana-storage-{{ name }}-lv-extended

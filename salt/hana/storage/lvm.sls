@@ -21,7 +21,7 @@ hana-storage-{{ name }}-pv-{{ loop.index0 }}:
 
 hana-storage-{{ name }}-vg:
   lvm.vg_present:
-    - name: {{ volume.vg }}
+    - name: {{ volume.vg | json }}
     - devices: {{ volume.pvs | json }}
     - unless: vgs {{ volume.vg }}
     - require:
@@ -31,15 +31,15 @@ hana-storage-{{ name }}-vg:
 
 hana-storage-{{ name }}-vg-extended:
   hana_storage.vg_extended:
-    - name: {{ volume.vg }}
+    - name: {{ volume.vg | json }}
     - pvs: {{ volume.pvs | json }}
     - require:
       - lvm: hana-storage-{{ name }}-vg
 
 hana-storage-{{ name }}-lv:
   lvm.lv_present:
-    - name: {{ volume.lv }}
-    - vgname: {{ volume.vg }}
+    - name: {{ volume.lv | json }}
+    - vgname: {{ volume.vg | json }}
     - unless: lvs {{ volume.vg }}/{{ volume.lv }}
 {%-     if '%' in volume.size %}
     - extents: {{ volume.size }}

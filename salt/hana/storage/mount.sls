@@ -19,6 +19,7 @@ hana-storage-{{ name }}-fs-grown:
   hana_storage.fs_grown:
     - name: {{ volume.mountpoint }}
     - device: {{ volume.fs_device }}
+    - grown_by: hana-storage-{{ name }}-lv-extended
     - require:
       - hana_storage: hana-storage-{{ name }}-mount
 {%-     if volume.encryption == 'above_lvm' %}
