@@ -40,9 +40,6 @@ VOLUMES = {
     "align": (2, 256, {}, "noalign", ["HANA-LAYOUT-003"]),
     "degraded": (1, 256, {}, "degraded", ["HANA-ENC-007"]),
     "stale": (1, 256, {}, "nocrypttab", ["HANA-PERSIST-001", "HANA-PERSIST-002"]),
-    # grown by hand: a linear tail after the stripes; an LV and its crypt device grown, the XFS not
-    "tail": (2, 256, {}, "tail", ["HANA-LAYOUT-008"]),
-    "ungrown": (1, 256, {}, "ungrown", ["HANA-LAYOUT-009"]),
 }
 
 
@@ -83,12 +80,7 @@ def build_script(name):
     vg, lv, crypt, mnt = f"vg_hana_{name}", f"lv_hana_{name}", f"hana_{name}", f"/hana/{name}"
     key = extra.get("key", {}).get("path", KEY)
     stripes = f"-i {count} -I {stripe}k" if count > 1 else ""
-    first = "50%FREE" if how in ("tail", "ungrown") else "100%FREE"
-    lvm = (
-        f"pvcreate -q {disks} && vgcreate -q {vg} {disks} && lvcreate -q -y {stripes} -l {first} -n {lv} {vg}"
-    )
-    if how == "tail":
-        lvm += f" && lvextend -q -i 1 -l +100%FREE {vg}/{lv}"
+    lvm = f"pvcreate -q {disks} && vgcreate -q {vg} {disks} && lvcreate -q -y {stripes} -l 100%FREE -n {lv} {vg}"
     lvpath = f"/dev/{vg}/{lv}"
     mkfs = f"-d su={stripe}k,sw={count}" if count > 1 else ""
     opts = "luks,no-read-workqueue,no-write-workqueue"
@@ -147,8 +139,6 @@ def build_script(name):
     steps.append(f"mkdir -p {mnt}")
     if how != "unmounted":
         steps.append(f"mount -o noatime,nodiratime,logbsize=256k {fs} {mnt}")
-    if how == "ungrown":
-        steps.append(f"lvextend -q -l +100%FREE {vg}/{lv} && cryptsetup resize --key-file {key} {crypt}")
     if how == "degraded":  # break the secondary LUKS2 header copy's JSON (checksum fails)
         steps.append(f"printf 'X' | dd of={lvpath} bs=1 seek=$((16384 + 4096 + 20)) conv=notrunc status=none")
     return "\n".join(f"{s} || {{ echo {shlex.quote(f'FAILED: {name}: {s[:60]}')}; exit 1; }}" for s in steps)
@@ -205,6 +195,9 @@ def test_every_rule_fires_somewhere(audit):
     elsewhere = {"HANA-LAYOUT-004", "HANA-LAYOUT-005", "HANA-LAYOUT-006", "HANA-LAYOUT-007", "HANA-PERF-005"}
     elsewhere |= {"HANA-KEY-002", "HANA-KEY-003", "HANA-KEY-004", "HANA-KEY-005", "HANA-KEY-006"}
     elsewhere |= {"HANA-KEY-007", "HANA-KEY-008"}
+    # LAYOUT-008 (a linear tail grown by hand) and LAYOUT-009 (an XFS not grown with its LV):
+    # test_grow.py, on the volumes it grew (QEMU has no PCI slot left here for more disks)
+    elsewhere |= {"HANA-LAYOUT-008", "HANA-LAYOUT-009"}
     assert fired >= set(hana_storage_rules.RULES) - elsewhere
 
 

@@ -11,7 +11,8 @@ segments of the same geometry per LV, the filesystems as large as their devices,
 corruption, checksums unchanged, the audit compliant, a second apply changes nothing, and the
 storage comes back at a boot without Salt. Last, the data volume grown by hand on two more disks
 (vgextend, lvextend, cryptsetup resize) but not its XFS: HANA-LAYOUT-009, which
-`hana_storage.remediate` fixes online (xfs_growfs), the proof of that auto rule's fix.
+`hana_storage.remediate` fixes online (xfs_growfs), the proof of that auto rule's fix; then by
+hand onto one more disk without stripes: a linear tail, HANA-LAYOUT-008.
 """
 
 import re
@@ -101,7 +102,7 @@ def sizes(vm, mount):
 
 @pytest.fixture(scope="module")
 def vm(request):
-    vm = boot(request, disks=10, disk_size="1G")  # mkfs.xfs needs volumes over 300 MB
+    vm = boot(request, disks=11, disk_size="1G")  # mkfs.xfs needs volumes over 300 MB
     vm.run(
         f"mkdir -p /etc/hana-storage/keys && echo {vm.key_b64()} | base64 -d >{KEY_FILE} && chmod 0400 {KEY_FILE}",
         check=True,
@@ -257,3 +258,18 @@ def test_an_xfs_left_ungrown_by_hand_is_found_and_remediated_online(vm, grown):
     assert device - fs < 64 << 20, (device, fs)
     assert vm.salt("hana_storage.audit", check=True).ret["compliant"] is True
     assert sums(vm) == vm.sums
+
+
+def test_a_linear_tail_grown_by_hand_is_found(vm, grown):
+    """lvextend without -i onto one more disk (outside the pillar: a growth by hand or by
+    another tool): the LV's new segment has one stripe. HANA-LAYOUT-008, and nothing else."""
+    vm.run(
+        "set -e\npvcreate -q /dev/vdk\nvgextend -q vg_hana_data /dev/vdk\n"
+        "lvextend -q -i 1 -l +100%FREE vg_hana_data/lv_hana_data /dev/vdk",
+        check=True,
+        title="a linear tail on the data LV, by hand",
+    )
+    assert [s for s, _size, _devices in segments(vm, LVS["data"])][-1] == 1
+    found = vm.salt("hana_storage.audit", check=True).ret["findings"]
+    assert [f["rule"] for f in found] == ["HANA-LAYOUT-008"], found
+    assert "lv_hana_data" in found[0]["device"], found
