@@ -103,13 +103,13 @@ def _pillar_devices(config):
 
 
 def _lv_paths(config):
-    paths = []
+    """The LV paths a (not yet validated) config names."""
     volumes = config.get("volumes") if isinstance(config.get("volumes"), dict) else {}
-    for name, volume in volumes.items():
-        names = {**core.pillar.default_names(name), **volume} if isinstance(volume, dict) else {}
-        if isinstance(names.get("vg"), str) and isinstance(names.get("lv"), str):
-            paths.append(f"/dev/{names['vg']}/{names['lv']}")
-    return paths
+    return [
+        core.pillar.lv_path(name, volume)
+        for name, volume in volumes.items()
+        if isinstance(volume, dict) and all(isinstance(volume.get(k, ""), str) for k in ("vg", "lv"))
+    ]
 
 
 def validate_pillar(pillar=None, host_checks=True):

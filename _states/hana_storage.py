@@ -759,13 +759,22 @@ def _backup_verdict(name, live, backup, key_file, previous_key_file, tang, forma
     )
 
 
+def _results_of(state_id):
+    """The results of this run's states with the ID ``state_id`` so far (none for no ID)."""
+    running = (globals().get("__running__") or {}).values()
+    return [r for r in running if state_id and r.get("__id__") == state_id]
+
+
+def _changed_by(state_id, change):
+    """Did the state ``state_id`` of this run report the change ``change``?"""
+    return any(change in (r.get("changes") or {}) for r in _results_of(state_id))
+
+
 def _changed_in_this_run(device, problem, fact, live, formatted_by, tang=None):
     """Did this run itself make the change that sets ``device``'s header apart from its backup?"""
     running = (globals().get("__running__") or {}).values()
     if problem["code"] == "other_device":
-        return bool(formatted_by) and any(
-            r.get("__id__") == formatted_by and "formatted" in (r.get("changes") or {}) for r in running
-        )
+        return _changed_by(formatted_by, "formatted")
     removed = {
         slot
         for r in running
@@ -862,10 +871,7 @@ def _make_proven_backup(device, new, key_file, previous_key_file, tang):
 
 def _created_in_this_run(state_id):
     """Did the state ``state_id`` of this run create its device (``changes: {created: ...}``)?"""
-    running = globals().get("__running__") or {}
-    return bool(state_id) and any(
-        ret.get("__id__") == state_id and "created" in (ret.get("changes") or {}) for ret in running.values()
-    )
+    return _changed_by(state_id, "created")
 
 
 def pv_safe(name, vg, lv_dm_name=None, opened_by=None):
@@ -989,10 +995,7 @@ def _unchanged(closed):
 def _close_if_opened_here(opened_by, crypt_name):
     """Close the mapping ``crypt_name`` if the state ``opened_by`` opened it in this run: what a
     refused volume's device holds was only looked at. (what was done, in words) or None."""
-    running = (globals().get("__running__") or {}).values()
-    if not crypt_name or not any(
-        r.get("__id__") == opened_by and "opened" in (r.get("changes") or {}) for r in running
-    ):
+    if not crypt_name or not _changed_by(opened_by, "opened"):
         return None
     ok, err = _run(["cryptsetup", "close", crypt_name])
     return (
@@ -1186,10 +1189,7 @@ def lv_extended(name, stripes, stripe_kib, size, pvs, devices=None):
 
 def _pending_in_this_run(state_id):
     """Did the state ``state_id`` of this (test) run say it would change something?"""
-    running = globals().get("__running__") or {}
-    return bool(state_id) and any(
-        r.get("__id__") == state_id and r.get("result") is None for r in running.values()
-    )
+    return any(r.get("result") is None for r in _results_of(state_id))
 
 
 def crypt_grown(name, device, key_file, grown_by=None):

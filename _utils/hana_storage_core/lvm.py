@@ -16,40 +16,32 @@ _DEVICE = re.compile(r"^(?P<path>[^(),]+)\((?P<extent>\d+)\)$")
 NO_SUSPENDED = ["--config", "devices { ignore_suspended_devices = 1 }"]
 
 
-def lvs_command():
-    """The `lvs` invocation parse_segments reads (one call for every LV segment on the host)."""
+def _report_command(command, fields, *options):
+    """``command`` (lvs, pvs) as a JSON report of ``fields`` in bytes, suspended devices unread."""
     return [
-        "lvs",
+        command,
         *NO_SUSPENDED,
+        *options,
         "--reportformat",
         "json",
         "--units",
         "b",
         "--nosuffix",
-        "--segments",
-        "-a",
         "-o",
-        LVS_FIELDS,
+        fields,
     ]
+
+
+def lvs_command():
+    """The `lvs` invocation parse_segments reads (one call for every LV segment on the host)."""
+    return _report_command("lvs", LVS_FIELDS, "--segments", "-a")
 
 
 def pvs_command(every_device=False):
     """The `pvs` invocation parse_pvs reads. ``every_device``: also the devices that are no PV
     (``-a``): every device LVM would scan, after its filters, its devices file and its multipath
     component detection."""
-    every = ["-a"] if every_device else []
-    return [
-        "pvs",
-        *NO_SUSPENDED,
-        *every,
-        "--reportformat",
-        "json",
-        "--units",
-        "b",
-        "--nosuffix",
-        "-o",
-        PVS_FIELDS,
-    ]
+    return _report_command("pvs", PVS_FIELDS, *(["-a"] if every_device else []))
 
 
 def report_key(devices):
@@ -167,19 +159,7 @@ PV_ROOM_FIELDS = "pv_name,vg_name,pv_pe_count,pv_pe_alloc_count,pv_allocatable,v
 
 def pv_room_command(vg):
     """The `pvs` invocation parse_pv_room reads: the extents of each PV of ``vg``."""
-    return [
-        "pvs",
-        *NO_SUSPENDED,
-        "--reportformat",
-        "json",
-        "--units",
-        "b",
-        "--nosuffix",
-        "--select",
-        f"vg_name={vg}",
-        "-o",
-        PV_ROOM_FIELDS,
-    ]
+    return _report_command("pvs", PV_ROOM_FIELDS, "--select", f"vg_name={vg}")
 
 
 def parse_pv_room(text):

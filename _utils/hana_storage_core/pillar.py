@@ -533,8 +533,8 @@ def _growth_errors(config, lvs):
     "pvs"}} of the volumes' LVs that exist (hana_storage_host.lv_geometry)."""
     errors = []
     for name, volume in config["volumes"].items():
-        names = {**default_names(name), **volume}
-        found = lvs.get(f"/dev/{names['vg']}/{names['lv']}")
+        path = lv_path(name, volume)
+        found = lvs.get(path)
         devices = len(volume["devices"])
         stripes = volume.get("stripes", devices)
         # a first segment without stripes (error, zero, thin) is no geometry to keep
@@ -544,7 +544,7 @@ def _growth_errors(config, lvs):
         stripe_bytes = parse_kib(_setting(config, name, "stripe_size")[0]) * 1024
         if have == stripes and have > 1 and found["stripe_size"] != stripe_bytes:
             errors.append(
-                f"{keypath('volumes', name, 'stripe_size')}: /dev/{names['vg']}/{names['lv']} has stripes "
+                f"{keypath('volumes', name, 'stripe_size')}: {path} has stripes "
                 f"of {found['stripe_size'] // 1024} KiB; its new devices would add a segment of "
                 f"{stripe_bytes // 1024} KiB: set stripe_size: {found['stripe_size'] // 1024}"
             )
@@ -552,7 +552,7 @@ def _growth_errors(config, lvs):
         if have == stripes:
             continue
         errors.append(
-            f"{keypath('volumes', name, 'stripes')}: /dev/{names['vg']}/{names['lv']} has {have} stripe(s) "
+            f"{keypath('volumes', name, 'stripes')}: {path} has {have} stripe(s) "
             f"over {found['pvs']} devices; {devices - found['pvs']} new device(s) in {stripes} stripes would "
             f"add a {stripes}-stripe segment: set stripes: {have} and give it a multiple of {have} devices "
             f"({', '.join(str(have * k) for k in _multiples_near(devices, have))})"
@@ -610,6 +610,12 @@ def validate(config, schema, facts=None, fixable=None):
 def default_names(name):
     """The names a volume gets unless its pillar names them."""
     return {"vg": f"vg_hana_{name}", "lv": f"lv_hana_{name}", "crypt_name": f"hana_{name}"}
+
+
+def lv_path(name, volume):
+    """``/dev/<vg>/<lv>`` of the volume ``name`` (its pillar's names, else the defaults)."""
+    names = {**default_names(name), **volume}
+    return f"/dev/{names['vg']}/{names['lv']}"
 
 
 def _names(name, volume, encryption):
@@ -695,7 +701,7 @@ def normalize(config, systemd_version=None):
         volume["stripe_size_kib"] = parse_kib(volume.pop("stripe_size"))
         volume["stripes"] = volume.get("stripes", len(volume["devices"]))
         volume["key"] = _volume_key(name, raw, config)
-        volume["lv_path"] = f"/dev/{volume['vg']}/{volume['lv']}"
+        volume["lv_path"] = lv_path(name, volume)
         # device-mapper's name for the LV: '-' inside VG and LV names is doubled
         volume["lv_dm_name"] = f"{volume['vg'].replace('-', '--')}-{volume['lv'].replace('-', '--')}"
         if volume["encryption"] == "above_lvm":
