@@ -1068,7 +1068,55 @@ def crypttab_present(name, device, key_file, options):
     return _done(ret, f"/etc/crypttab: {verb} {line}", crypttab={status: line})
 
 
-# ---- LVM activation, filesystem, mount -------------------------------------------------------
+def units_enabled(name, units):
+    """
+    The systemd ``units`` are enabled (``systemctl enable``: the links their [Install] sections
+    ask for). systemctl does this with or without systemd running, so it holds in an image build
+    or a rescue system too, where Salt's service.enabled finds no such unit.
+    """
+    ret = _ret(name)
+    disabled = [unit for unit in units if not _run(["systemctl", "-q", "is-enabled", unit])[0]]
+    if not disabled:
+        return _done(ret, f"{', '.join(units)}: enabled")
+    argv = ["systemctl", "enable", *disabled]
+    if __opts__["test"]:
+        return _would(ret, f"would run {' '.join(argv)}")
+    ok, err = _run(argv)
+    if not ok:
+        return _done(ret, f"systemctl enable {' '.join(disabled)} failed: {err}", result=False)
+    return _done(ret, f"enabled {', '.join(disabled)}", enabled=disabled)
+
+
+# ---- LVM creation, activation, filesystem, mount ---------------------------------------------
+#
+# Salt's lvm.vg_present and lv_present create the VG and the LV. Only where they do not exist:
+# an existing VG would be vgextended even under test=True, an existing LV resized without its
+# stripes (vg_extended and lv_extended grow them). The check is a call, not an ``unless``: a
+# state with unless/onlyif whose module has no mod_run_check makes Salt load every state and
+# execution module to look for one (seconds on a minion, over a minute on a slow one).
+
+
+def vg_present(name, devices):
+    """The VG ``name`` exists: created by Salt's ``lvm.vg_present`` over ``devices`` if it does not."""
+    room = __salt__["hana_storage_host.vg_pvs"](name)
+    if "error" in room:
+        return _done(_ret(name), f"cannot read the PVs of {name}: {room['error']}", result=False)
+    if room["pvs"]:
+        return _done(_ret(name), f"volume group {name} exists (new PVs join it in vg_extended)")
+    return __states__["lvm.vg_present"](name, devices=devices)
+
+
+def lv_present(name, vgname, **lvcreate):
+    """The LV ``name`` of ``vgname`` exists: created by Salt's ``lvm.lv_present`` (with
+    ``lvcreate``'s size or extents, stripes and stripe size) if it does not."""
+    room = __salt__["hana_storage_host.lv_room"](f"/dev/{vgname}/{name}")
+    if "error" in room:
+        return _done(_ret(name), f"cannot read the LVs of {vgname}: {room['error']}", result=False)
+    if room["segments"]:
+        return _done(_ret(name), f"logical volume {vgname}/{name} exists (it grows in lv_extended)")
+    return __states__["lvm.lv_present"](name, vgname=vgname, **lvcreate)
+
+
 
 
 def lv_active(name):

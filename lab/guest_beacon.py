@@ -3,7 +3,8 @@
 
 ``python3 guest_beacon.py once``
     A full audit: the events of the tick that starts it and of the tick after it ended, or the
-    exception a tick raised.
+    exception a tick raised. (The lab's Salt server answers the same from its loaded minion:
+    ``Lab.beacon_once``.)
 ``python3 guest_beacon.py bench``
     CPU cost of an idle tick against a full audit. A full audit is forced by clearing the
     beacon's last-audit time, and counted from the tick that starts it to the tick that collects
@@ -33,10 +34,12 @@ def cpu():
     return own, children.ru_utime + children.ru_stime
 
 
-def load():
-    opts = salt.config.minion_config("/run/salt/etc/minion")
-    opts["log_level"] = "warning"
-    minion = salt.minion.SMinion(opts)
+def load(minion=None):
+    """The beacon and its __context__, fresh; from ``minion`` (a loaded SMinion) or a new one."""
+    if minion is None:
+        opts = salt.config.minion_config("/run/salt/etc/minion")
+        opts["log_level"] = "warning"
+        minion = salt.minion.SMinion(opts)
     beacons = salt.loader.beacons(minion.opts, minion.functions)
     return beacons["hana_storage.beacon"], beacons.pack["__context__"]
 
@@ -51,14 +54,13 @@ def full_audit(tick, context):
     return events
 
 
-def once():
-    tick, context = load()
+def once(minion=None):
+    """{"events": [...]} of one full audit, or {"raised": the traceback of the tick}."""
+    tick, context = load(minion)
     try:
-        events = full_audit(tick, context)
+        return {"events": full_audit(tick, context)}
     except Exception:  # noqa: BLE001 - the caller wants to see it, not die of it
-        print(json.dumps({"raised": traceback.format_exc()}))
-        return
-    print(json.dumps({"events": events}, default=repr))
+        return {"raised": traceback.format_exc()}
 
 
 def bench():
@@ -93,4 +95,7 @@ def bench():
 
 
 if __name__ == "__main__":
-    {"once": once, "bench": bench}[sys.argv[1]]()
+    if sys.argv[1] == "once":
+        print(json.dumps(once(), default=repr))
+    else:
+        bench()

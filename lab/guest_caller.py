@@ -11,6 +11,8 @@ gets every record at debug level.
 Protocol: ``req.N.json`` = {"args": "state.apply hana.storage test=True"} ->
 ``ret.N.json`` = {"local": <return>, "retcode": int, "seconds": float}. A request with
 ``"detach": true`` runs in a forked child and is answered at once with {"local": {"pid": N}}.
+{"beacon": "once"} runs one full audit of the formula's beacon, loaded fresh over this minion's
+modules (lab/guest_beacon.py).
 """
 
 import json
@@ -20,6 +22,7 @@ import sys
 import time
 import traceback
 
+import guest_beacon
 import salt._logging
 import salt.client
 import salt.config
@@ -116,6 +119,8 @@ def detach(caller, line):
 
 def reply_to(caller, request, state, children):
     refresh(caller, state)
+    if request.get("beacon") == "once":
+        return {"local": guest_beacon.once(caller.sminion), "retcode": 0}
     if request.get("detach"):
         children.append(detach(caller, request["args"]))
         return {"local": {"pid": children[-1]}, "retcode": 0}

@@ -538,30 +538,40 @@ class Lab:
         once with ``ret == {"pid": N}`` (for tests that kill an apply mid-way).
         profile: a host path the call's cProfile statistics (pstats) are moved to.
         """
-        spool = self.shared / "salt"
-        n = self._salt_step
-        self._salt_step += 1
         request = {"args": args, "detach": detach}
         if profile:  # cProfile's statistics of the call: the guest writes to the shared directory
-            request["profile"] = str(spool / f"profile.{n}.pstats")
-        (spool / f"req.{n}.tmp").write_text(json.dumps(request))
-        (spool / f"req.{n}.tmp").rename(spool / f"req.{n}.json")
-        say(title or f"salt-call {args}")
-        reply, started = spool / f"ret.{n}.json", time.monotonic()
-        while not reply.exists():
-            if self.proc.poll() is not None:
-                raise LabError(f"the VM died during salt-call {args}; read {self.console}")
-            if time.monotonic() - started > timeout:
-                raise LabError(f"salt-call {args} took more than {timeout}s; read /run/salt/minion.log")
-            time.sleep(0.1)
-        data = json.loads(reply.read_text())
-        if profile and (spool / f"profile.{n}.pstats").exists():
-            shutil.move(spool / f"profile.{n}.pstats", profile)
+            request["profile"] = str(self.shared / "salt" / f"profile.{self._salt_step}.pstats")
+        data = self._ask_salt(request, args, title or f"salt-call {args}", timeout)
+        if profile and pathlib.Path(request["profile"]).exists():
+            shutil.move(request["profile"], profile)
         result = SaltResult(args, data["local"], data["retcode"], data["seconds"])
-        self._record("salt", args[:100], time.monotonic() - started)
         if check and result.retcode:
             raise LabError(f"salt-call {args} failed (retcode {result.retcode}):\n{result.text()[-3000:]}")
         return result
+
+    def beacon_once(self, timeout=900):
+        """One full audit by the formula's beacon, loaded through Salt's loader over the guest
+        Salt server's modules (lab/guest_beacon.py): {"events": [...]} or {"raised": traceback}."""
+        what = "the beacon's full audit"
+        return self._ask_salt({"beacon": "once"}, what, f"{what} (one tick)", timeout)["local"]
+
+    def _ask_salt(self, request, what, title, timeout):
+        """Hand ``request`` to the guest's Salt server and wait for its reply."""
+        spool = self.shared / "salt"
+        n = self._salt_step
+        self._salt_step += 1
+        (spool / f"req.{n}.tmp").write_text(json.dumps(request))
+        (spool / f"req.{n}.tmp").rename(spool / f"req.{n}.json")
+        say(title)
+        reply, started = spool / f"ret.{n}.json", time.monotonic()
+        while not reply.exists():
+            if self.proc.poll() is not None:
+                raise LabError(f"the VM died during {what}; read {self.console}")
+            if time.monotonic() - started > timeout:
+                raise LabError(f"{what} took more than {timeout}s; read /run/salt/minion.log")
+            time.sleep(0.1)
+        self._record("salt", what[:100], time.monotonic() - started)
+        return json.loads(reply.read_text())
 
     def salt_call(self, args, check=False, title=None, out="json", timeout=1200, echo=None):
         """A real `salt-call` process in the guest (20-30 s of start-up each); returns Result."""

@@ -1,6 +1,8 @@
 """The state SLS files rendered from a plan, by Salt's own Jinja: which steps each volume gets
 and what each requires."""
 
+import re
+
 import pytest
 import salt.utils.yaml
 import yaml
@@ -167,3 +169,17 @@ def test_nothing_persistent_reaches_a_device_before_what_it_holds_is_checked(tmp
                 checked += 1
         assert inside not in transitive(states, f"hana-storage-{volume}-open-0")
     assert checked >= 6
+
+
+def test_no_step_checks_with_unless_onlyif_or_creates():
+    """A step with unless/onlyif/creates makes Salt look for ``<module>.mod_run_check`` among the
+    state modules; where its module has none (lvm, cmd) the lookup loads every state module and
+    with them every execution module: over a minute of each apply on an emulated guest (the lab)
+    and seconds of CPU on every minion. The steps check with calls instead."""
+    checked = [
+        f"{sls.relative_to(REPO)}:{number}: {line.strip()}"
+        for sls in sorted((REPO / "salt").rglob("*.sls"))
+        for number, line in enumerate(sls.read_text().splitlines(), 1)
+        if re.match(r"\s*-\s*(unless|onlyif|creates)\s*:", line)
+    ]
+    assert not checked, checked

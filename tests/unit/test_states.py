@@ -2407,3 +2407,94 @@ def test_vg_extended_before_the_vg_exists(salt_functions, opts, test):
     ret = states.vg_extended("vg_hana_log", ["/dev/a"])
     assert ret["result"] is (True if test else False) and ret["changes"] == {}
     assert_nothing_done(salt_functions)
+
+
+# ---- VG and LV creation through Salt's lvm states, only where they do not exist --------------
+
+
+@pytest.fixture
+def salt_lvm_states(monkeypatch):
+    """Salt's lvm.vg_present and lv_present as ``__states__`` sees them: each call recorded."""
+    calls = []
+
+    def state(fun):
+        return lambda name, **kwargs: (
+            calls.append((fun, name, kwargs))
+            or {"name": name, "result": True, "changes": {"created": name}, "comment": ""}
+        )
+
+    monkeypatch.setattr(
+        states, "__states__", {f: state(f) for f in ("lvm.vg_present", "lvm.lv_present")}, raising=False
+    )
+    return calls
+
+
+def test_vg_present_creates_only_a_vg_that_does_not_exist(salt_functions, salt_lvm_states):
+    salt_functions["hana_storage_host.vg_pvs"] = lambda vg: {"pvs": []}
+    assert states.vg_present("vg_hana_data", ["/dev/sda", "/dev/sdb"])["changes"] == {
+        "created": "vg_hana_data"
+    }
+    assert salt_lvm_states == [("lvm.vg_present", "vg_hana_data", {"devices": ["/dev/sda", "/dev/sdb"]})]
+    salt_lvm_states.clear()
+    salt_functions["hana_storage_host.vg_pvs"] = lambda vg: {"pvs": ["/dev/sda"]}
+    ret = states.vg_present("vg_hana_data", ["/dev/sda", "/dev/sdb"])
+    assert ret["result"] is True and not ret["changes"] and not salt_lvm_states  # sdb: vg_extended's
+    salt_functions["hana_storage_host.vg_pvs"] = lambda vg: {"error": "pvs: locking failed"}
+    ret = states.vg_present("vg_hana_data", ["/dev/sda"])
+    assert ret["result"] is False and "locking failed" in ret["comment"] and not salt_lvm_states
+
+
+def test_lv_present_creates_only_an_lv_that_does_not_exist(salt_functions, salt_lvm_states):
+    asked = []
+    salt_functions["hana_storage_host.lv_room"] = lambda path: (
+        asked.append(path) or {"segments": [], "pvs": []}
+    )
+    ret = states.lv_present("lv_hana_data", "vg_hana_data", extents="100%FREE", stripes=2, stripesize="64k")
+    assert ret["result"] is True and asked == ["/dev/vg_hana_data/lv_hana_data"]
+    assert salt_lvm_states == [
+        ("lvm.lv_present", "lv_hana_data", {"vgname": "vg_hana_data", "extents": "100%FREE", "stripes": 2,
+                                            "stripesize": "64k"})
+    ]  # fmt: skip
+    salt_lvm_states.clear()
+    salt_functions["hana_storage_host.lv_room"] = lambda path: {
+        "segments": [{"lv": "lv_hana_data"}],
+        "pvs": [],
+    }
+    ret = states.lv_present("lv_hana_data", "vg_hana_data", size="10G")
+    assert ret["result"] is True and not ret["changes"] and not salt_lvm_states
+    salt_functions["hana_storage_host.lv_room"] = lambda path: {"error": "lvs: no lvm here"}
+    assert states.lv_present("lv_hana_data", "vg_hana_data", size="10G")["result"] is False
+    assert not salt_lvm_states
+
+
+def systemctl(salt_functions, enabled):
+    """systemctl on a host where ``enabled`` units are enabled; returns the argv run."""
+    ran = []
+
+    def run_all(argv, **kwargs):
+        ran.append(argv)
+        enabled_now = argv[:3] == ["systemctl", "-q", "is-enabled"] and argv[3] in enabled
+        return {"retcode": 0 if enabled_now or argv[1] == "enable" else 1, "stdout": "", "stderr": ""}
+
+    salt_functions["cmd.run_all"] = run_all
+    return ran
+
+
+UNITS = ["clevis-luks-askpass.path", "remote-cryptsetup.target"]
+
+
+def test_units_enabled_enables_only_the_disabled_units(salt_functions):
+    ran = systemctl(salt_functions, enabled={"clevis-luks-askpass.path"})
+    ret = states.units_enabled("tang unlock at boot", UNITS)
+    assert ret["result"] is True and ret["changes"] == {"enabled": ["remote-cryptsetup.target"]}
+    assert ran[-1] == ["systemctl", "enable", "remote-cryptsetup.target"]
+    ran = systemctl(salt_functions, enabled=set(UNITS))
+    ret = states.units_enabled("tang unlock at boot", UNITS)
+    assert ret["result"] is True and not ret["changes"] and all(argv[1] == "-q" for argv in ran)
+
+
+def test_units_enabled_in_test_mode_says_what_it_would_run(salt_functions, dry_run):
+    ran = systemctl(salt_functions, enabled=set())
+    ret = states.units_enabled("tang unlock at boot", UNITS)
+    assert ret["result"] is None and ret["comment"] == f"would run systemctl enable {' '.join(UNITS)}"
+    assert not [argv for argv in ran if argv[1] == "enable"]

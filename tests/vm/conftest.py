@@ -4,7 +4,6 @@ Each test module boots one VM for all its tests (software emulation is slow) in 
 directory under build/vm-tests/; VMs never run concurrently (the lab holds a machine-wide lock).
 """
 
-import json
 import re
 
 import pytest
@@ -32,8 +31,7 @@ def boot(request, disks=8, disk_size="2G", fresh=True, **options):
 
 def beacon_tick(vm):
     """One beacon tick (a full audit) through Salt's loader in the guest: its events, or its crash."""
-    out = vm.run(f"python3 {REPO}/lab/guest_beacon.py once", check=True, echo=False, timeout=900).output
-    return json.loads(out.strip().splitlines()[-1])
+    return vm.beacon_once()
 
 
 SCAP_PROFILE = "xccdf_org.hana-storage-formula_profile_hana_storage"

@@ -16,6 +16,7 @@ import pytest
 import yaml
 from hana_storage_core.rules import RULES
 
+from tests.conftest import REPO
 from tests.vm.conftest import boot, scap_scan
 
 pytestmark = pytest.mark.vm
@@ -326,13 +327,14 @@ def test_allow_format_lets_the_formula_take_a_used_device(vm, first_apply):
 # ---- interrupted applies: killed after luksFormat, pvcreate, lvcreate and mkfs -----------------
 
 EXTRA = "/dev/vg_hana_extra/lv_hana_extra"
-# (the step the apply has passed, a shell test that holds from then on)
+# (the step the apply has passed, what holds from then on: lab/guest_watch.py's tests, read
+# every 20 ms)
 INTERRUPTS = [
-    ("luksFormat", "cryptsetup isLuks /dev/vdm"),
-    ("pvcreate", "pvs /dev/mapper/hana_extra_0 >/dev/null 2>&1"),
-    ("lvcreate", f"[ -e {EXTRA} ]"),
+    ("luksFormat", "luks:/dev/vdm"),
+    ("pvcreate", "pv:/dev/mapper/hana_extra_0"),
+    ("lvcreate", f"exists:{EXTRA}"),
     # a finished mkfs: an interrupted one (sb_inprogress set) is made again, by design
-    ("mkfs", f"xfs_db -r -c 'sb 0' -c 'p inprogress' {EXTRA} 2>/dev/null | grep -q '= 0'"),
+    ("mkfs", f"xfs:{EXTRA}"),
 ]
 IDENTITY = (
     # a LUKS header counts once the key opens it: luksFormat killed before its keyslot leaves
@@ -380,8 +382,7 @@ def test_interrupted_applies_converge_without_formatting_twice(vm, first_apply):
             title = f"apply {n + 1}/{len(INTERRUPTS)}, killed right after {step}"
             pid = vm.salt("state.apply hana.storage", detach=True, title=title).ret["pid"]
             out = vm.run(
-                f"until {passed}; do kill -0 {pid} 2>/dev/null || {{ echo ENDED; exit 3; }}; sleep 0.05; done\n"
-                f"kill -9 -{pid} && echo KILLED",  # the process group: the apply and its children
+                f"python3 {REPO}/lab/guest_watch.py kill {pid} holds {passed}",  # its process group
                 echo=False,
                 timeout=1200,
             ).output

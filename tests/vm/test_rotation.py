@@ -20,6 +20,7 @@ import os
 import pytest
 import yaml
 
+from tests.conftest import REPO
 from tests.vm.conftest import boot
 
 pytestmark = pytest.mark.vm
@@ -33,15 +34,12 @@ BACKUPS = "/etc/hana-storage/luks-headers"  # the guest's /var is the host's, re
 DATA_FILES = {"/hana/data/a.bin": 6, "/hana/log/b.bin": 3}  # MiB of random bytes
 KEYSLOTS = "cryptsetup luksDump {} | grep -cE '^ +[0-9]+: luks2'"
 # Everything a rotation step changes: each device's LUKS2 metadata (its first 4 KiB carry the
-# header's sequence number, raised by every keyslot change), the key crypttab names, the key
-# files on the ramfs (a pillar key's source), the header backups. Cheap enough to poll every
-# few tenths of a second under emulation: an apply is killed as soon as it differs from what it
-# was when the apply started, right after its next step, whichever Salt runs next.
-CHANGED = (
-    "".join(f"echo {d} $(head -c 4096 {d} | sha256sum)\n" for d in DEVICES)
-    + "awk '$1 !~ /^#/ {print $1, $3}' /etc/crypttab\n"
-    + f"sha256sum /run/hana-storage/keys/* {BACKUPS}/* 2>/dev/null; true"
-)
+# header's sequence number, raised by every keyslot change), crypttab, the key files on the
+# ramfs (a pillar key's source), the header backups. lab/guest_watch.py polls them every 20 ms
+# and kills an apply as soon as they differ from what they were when it started: right after
+# its next step, whichever Salt runs next.
+WATCHED = " ".join([*DEVICES, "/etc/crypttab", "/run/hana-storage/keys", BACKUPS])
+WATCH = f"python3 {REPO}/lab/guest_watch.py"
 # the same in words, for the test's report: keyslots per device instead of header bytes
 READABLE = (
     "".join(f"echo {d} has $({KEYSLOTS.format(d)}) keyslots\n" for d in DEVICES)
@@ -187,16 +185,13 @@ def rotate_killing_after_each_step(vm):
     steps = []
     for n in range(MAX_APPLIES):
         vm.run(
-            f"{{ {CHANGED}; }} >/run/rotation/before; {{ {READABLE}; }} >/run/rotation/readable", echo=False
+            f"{WATCH} snapshot {WATCHED} >/run/rotation/before; {{ {READABLE}; }} >/run/rotation/readable",
+            echo=False,
         )
         title = f"rotation apply {n + 1}, killed after its next step"
         pid = vm.salt("state.apply hana.storage", detach=True, title=title).ret["pid"]
         out = vm.run(
-            f"until ! {{ {CHANGED}; }} | cmp -s - /run/rotation/before; do\n"
-            f"  kill -0 {pid} 2>/dev/null || {{ echo ENDED; exit 0; }}; sleep 0.05\n"
-            "done\n"
-            # the process group: the apply and its children; gone already if that was its last step
-            f"kill -9 -{pid} 2>/dev/null && echo KILLED || echo ENDED\n"
+            f"{WATCH} kill {pid} changed /run/rotation/before {WATCHED}\n"
             f"{{ {READABLE}; }} | diff /run/rotation/readable - | sed -n 's/^> //p'",
             echo=False,
             timeout=1200,

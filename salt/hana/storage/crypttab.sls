@@ -41,9 +41,9 @@ hana-storage-{{ name }}-retire-{{ loop.index0 }}:
 {%-   if hana_storage.config.volumes.values() | selectattr('key.source', 'equalto', 'tang') | list %}
 
 hana-storage-unlock-at-boot:
-  cmd.run:
-    - name: systemctl enable clevis-luks-askpass.path remote-cryptsetup.target
-    - unless: systemctl -q is-enabled clevis-luks-askpass.path && systemctl -q is-enabled remote-cryptsetup.target
+  hana_storage.units_enabled:
+    - name: tang unlock at boot
+    - units: [clevis-luks-askpass.path, remote-cryptsetup.target]
     - require:
       - hana_storage: hana-storage-pillar-valid
 {%-   endif %}

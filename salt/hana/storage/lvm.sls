@@ -1,10 +1,8 @@
 # -*- coding: utf-8 -*-
 # vim: ft=sls
-# PVs, VG and one striped LV per volume (Salt's lvm states): on the disks (above LVM) or on
-# the opened LUKS devices (below LVM). New devices join the VG and the LV grows into them in
-# its own stripes. Salt's vg_present and lv_present only create (unless): an existing VG or LV
-# grows through the formula's vg_extended and lv_extended (vg_present would vgextend under
-# test=True, lv_present resize without the stripes and shrink-fail on a size LVM rounded up).
+# PVs, VG and one striped LV per volume: on the disks (above LVM) or on the opened LUKS devices
+# (below LVM). Salt's lvm states create them; an existing VG or LV grows through vg_extended and
+# lv_extended, in the LV's own stripes (_states/hana_storage.py says why not Salt's states).
 ---
 {%- from "hana/storage/map.jinja" import hana_storage with context %}
 {%- if hana_storage.valid %}
@@ -20,10 +18,9 @@ hana-storage-{{ name }}-pv-{{ loop.index0 }}:
 {%-     endfor %}
 
 hana-storage-{{ name }}-vg:
-  lvm.vg_present:
+  hana_storage.vg_present:
     - name: {{ volume.vg | json }}
     - devices: {{ volume.pvs | json }}
-    - unless: vgs {{ volume.vg }}
     - require:
 {%-     for pv in volume.pvs %}
       - lvm: hana-storage-{{ name }}-pv-{{ loop.index0 }}
@@ -34,13 +31,12 @@ hana-storage-{{ name }}-vg-extended:
     - name: {{ volume.vg | json }}
     - pvs: {{ volume.pvs | json }}
     - require:
-      - lvm: hana-storage-{{ name }}-vg
+      - hana_storage: hana-storage-{{ name }}-vg
 
 hana-storage-{{ name }}-lv:
-  lvm.lv_present:
+  hana_storage.lv_present:
     - name: {{ volume.lv | json }}
     - vgname: {{ volume.vg | json }}
-    - unless: lvs {{ volume.vg }}/{{ volume.lv }}
 {%-     if '%' in volume.size %}
     - extents: {{ volume.size }}
 {%-     else %}
@@ -57,7 +53,7 @@ hana-storage-{{ name }}-lv-active:
   hana_storage.lv_active:
     - name: {{ volume.lv_path }}
     - require:
-      - lvm: hana-storage-{{ name }}-lv
+      - hana_storage: hana-storage-{{ name }}-lv
 
 hana-storage-{{ name }}-lv-extended:
   hana_storage.lv_extended:

@@ -1,0 +1,108 @@
+"""Kill a detached apply in the lab guest right after a step (the VM tier's interrupted applies).
+
+    guest_watch.py snapshot PATH...                  what PATH... hold now, one line each
+    guest_watch.py kill PID changed SNAPSHOT PATH... once PATH... differ from SNAPSHOT's lines
+    guest_watch.py kill PID holds TEST...            once every TEST holds:
+        luks:DEV    DEV starts with the LUKS magic       pv:DEV     `pvs DEV` lists it
+        exists:PATH PATH exists                          xfs:DEV    DEV holds a finished XFS
+
+A PATH is a block device (its first 4 KiB: a LUKS2 header's sequence number changes with each
+keyslot change), a file, or a directory (each file in it). ``kill`` polls every 20 ms, then
+SIGKILLs PID's process group (the apply and its children) and prints KILLED, or ENDED when the
+apply ended first. One process reading a few blocks, where a shell loop forked about ten
+programs per poll: under emulation that took a whole vCPU from the apply it watched.
+"""
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+
+POLL_SECONDS = 0.02
+XFS_INPROGRESS = 126  # sb_inprogress in the on-disk superblock: 1 while mkfs.xfs writes
+
+
+def head(path, size):
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return b""
+    try:
+        return os.pread(fd, size, 0)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
+def state_of(path):
+    if os.path.isdir(path):
+        names = sorted(os.listdir(path))
+        return " ".join(f"{n}={state_of(os.path.join(path, n))}" for n in names)
+    if not os.path.exists(path):
+        return "-"
+    size = 4096 if path.startswith("/dev/") else 1 << 24
+    return hashlib.sha256(head(path, size)).hexdigest()[:16]
+
+
+def snapshot(paths):
+    return "".join(f"{path} {state_of(path)}\n" for path in paths)
+
+
+def holds(test):
+    kind, _, path = test.partition(":")
+    if kind == "exists":
+        return os.path.exists(path)
+    block = head(path, 4096)
+    if kind == "luks":
+        return block[:6] == b"LUKS\xba\xbe"
+    if kind == "pv":  # pvs (a second of CPU under emulation) only once the label is written
+        labelled = any(block[n * 512 : n * 512 + 8] == b"LABELONE" for n in range(4))
+        return labelled and subprocess.run(["pvs", path], capture_output=True).returncode == 0
+    if kind == "xfs":
+        return block[:4] == b"XFSB" and block[XFS_INPROGRESS] == 0
+    raise SystemExit(f"unknown test {test!r}: luks:, pv:, exists: or xfs:")
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is an apply that ended: its parent (the Salt server) reaps it when idle
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def kill_when(pid, done):
+    while not done():
+        if not alive(pid):
+            print("ENDED")
+            return
+        time.sleep(POLL_SECONDS)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+        print("KILLED")
+    except ProcessLookupError:
+        print("ENDED")
+
+
+def main(argv):
+    if argv[:1] == ["snapshot"]:
+        sys.stdout.write(snapshot(argv[1:]))
+    elif argv[:1] == ["kill"] and len(argv) > 3 and argv[2] == "changed":
+        pid, before, paths = int(argv[1]), open(argv[3]).read(), argv[4:]  # noqa: SIM115
+        kill_when(pid, lambda: snapshot(paths) != before)
+    elif argv[:1] == ["kill"] and len(argv) > 3 and argv[2] == "holds":
+        pid, tests = int(argv[1]), argv[3:]
+        kill_when(pid, lambda: all(holds(test) for test in tests))
+    else:
+        raise SystemExit(__doc__)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,76 @@
+"""lab/guest_watch.py, which kills the VM tier's interrupted applies right after a step: its
+snapshot sees each kind of change, its tests read the real formats, and it kills the whole
+process group of a running apply or reports one that ended first."""
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+sys.path.insert(0, str(REPO / "lab"))
+import guest_watch  # noqa: E402
+
+
+def test_a_snapshot_changes_with_a_file_a_directory_entry_or_a_device_block(tmp_path):
+    crypttab, keys = tmp_path / "crypttab", tmp_path / "keys"
+    keys.mkdir()
+    crypttab.write_text("hana_data UUID=1 /k1 luks\n")
+    paths = [str(crypttab), str(keys), str(tmp_path / "absent")]
+    before = guest_watch.snapshot(paths)
+    assert guest_watch.snapshot(paths) == before
+    crypttab.write_text("hana_data UUID=1 /k2 luks\n")
+    assert guest_watch.snapshot(paths) != before
+    before = guest_watch.snapshot(paths)
+    (keys / "hana.key").write_bytes(b"k")
+    assert guest_watch.snapshot(paths) != before
+
+
+def test_the_tests_read_the_formats_they_name(tmp_path):
+    device = tmp_path / "vdm"
+    device.write_bytes(bytes(8192))
+    assert not guest_watch.holds(f"luks:{device}") and not guest_watch.holds(f"xfs:{device}")
+    device.write_bytes(b"LUKS\xba\xbe\x00\x02" + bytes(8184))
+    assert guest_watch.holds(f"luks:{device}")
+    assert guest_watch.holds(f"exists:{device}") and not guest_watch.holds(f"exists:{tmp_path}/none")
+    with pytest.raises(SystemExit, match="unknown test"):
+        guest_watch.holds(f"ext4:{device}")
+
+
+@pytest.mark.skipif(not shutil.which("mkfs.xfs"), reason="mkfs.xfs (xfsprogs) is not installed")
+def test_xfs_counts_only_once_mkfs_finished(tmp_path):
+    image = tmp_path / "xfs.img"
+    subprocess.run(["truncate", "-s", "300M", str(image)], check=True)
+    subprocess.run(["mkfs.xfs", "-q", str(image)], check=True)
+    assert guest_watch.holds(f"xfs:{image}")
+    with open(image, "r+b") as handle:  # sb_inprogress, as mkfs.xfs leaves it while it writes
+        handle.seek(guest_watch.XFS_INPROGRESS)
+        handle.write(b"\x01")
+    assert not guest_watch.holds(f"xfs:{image}")
+
+
+def watch(*argv):
+    return subprocess.run(
+        [sys.executable, str(REPO / "lab" / "guest_watch.py"), *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout.strip()
+
+
+def test_it_kills_the_apply_and_its_children_once_the_step_is_done(tmp_path):
+    flag = tmp_path / "step-done"
+    apply = subprocess.Popen(["sh", "-c", f"sleep 1; touch {flag}; sleep 60 & wait"], start_new_session=True)
+    assert watch("kill", str(apply.pid), "holds", f"exists:{flag}") == "KILLED"
+    assert apply.wait(timeout=10) == -9
+
+
+def test_an_apply_that_ends_first_is_reported_not_killed(tmp_path):
+    apply = subprocess.Popen(["sh", "-c", "sleep 0.5"], start_new_session=True)
+    snapshot = tmp_path / "before"
+    snapshot.write_text(guest_watch.snapshot([str(tmp_path / "x")]))
+    # not reaped until wait(): a zombie, as an ended apply is until the lab's Salt server reaps it
+    assert watch("kill", str(apply.pid), "changed", str(snapshot), str(tmp_path / "x")) == "ENDED"
+    apply.wait()
