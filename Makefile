@@ -15,16 +15,14 @@ deps:
 demo: deps
 	.venv/bin/python lab/demo.py $(if $(KEY),--key $(KEY))
 
-# The unit tier on the newest line first (a fast failure); then the older lines' unit tiers and
-# the integration tier run beside the VM tier: their daemons mostly wait, while the emulated guest
-# keeps about one core busy (about 15 min less than one after the other on 2 cores).
+# Lint first (a fast failure); then the unit and integration tiers run beside the VM tier, the
+# critical path: their daemons mostly wait, while each emulated guest keeps about one core busy.
 test: deps lint
-	@$(MAKE) --no-print-directory test-unit UNIT_LINES=$(NEWEST)
 	@mkdir -p build/test-logs; \
-	( $(MAKE) --no-print-directory test-unit UNIT_LINES="$(filter-out $(NEWEST),$(LINES))" && \
+	( $(MAKE) --no-print-directory test-unit && \
 	  $(MAKE) --no-print-directory test-integration; echo $$? >build/test-logs/beside.rc ) \
 	  >build/test-logs/beside.log 2>&1 & \
-	echo "== unit ($(filter-out $(NEWEST),$(LINES))) and integration tiers beside the VM tier (log: build/test-logs/beside.log)"; \
+	echo "== unit and integration tiers beside the VM tier (log: build/test-logs/beside.log)"; \
 	$(MAKE) --no-print-directory test-vm; vm=$$?; \
 	echo "== waiting for the unit and integration tiers"; wait; cat build/test-logs/beside.log; \
 	[ $$vm = 0 ] && [ "$$(cat build/test-logs/beside.rc)" = 0 ]

@@ -143,21 +143,29 @@ def vg_pvs(vg):
         return {"error": str(err)}
 
 
-def lv_room(lv_path):
-    """The LV's segments and its VG's PVs with their free extents, for hana_storage.lv_extended:
-    {"segments": [...], "pvs": [...]} or {"error": ...}."""
+def lv_segments(lv_path):
+    """{"segments": [the segments of the LV /dev/<vg>/<lv>]} (none: no such LV) or {"error": ...}."""
     vg, lv = lv_path.split("/")[2:4]
     segments = _read_lvm_segments()
     if not isinstance(segments, list):
         return segments
-    text, error = _run(core.lvm.pv_room_command(vg))
+    return {"segments": [s for s in segments if (s["vg"], s["lv"]) == (vg, lv)]}
+
+
+def lv_room(lv_path):
+    """The LV's segments and its VG's PVs with their free extents, for hana_storage.lv_extended:
+    {"segments": [...], "pvs": [...]} or {"error": ...}."""
+    found = lv_segments(lv_path)
+    if "error" in found:
+        return found
+    text, error = _run(core.lvm.pv_room_command(lv_path.split("/")[2]))
     if error:
         return {"error": error}
     try:
         pvs = core.lvm.parse_pv_room(text)
     except ValueError as err:
         return {"error": str(err)}
-    return {"segments": [s for s in segments if (s["vg"], s["lv"]) == (vg, lv)], "pvs": pvs}
+    return {**found, "pvs": pvs}
 
 
 def path_facts(paths):

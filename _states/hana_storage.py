@@ -52,8 +52,14 @@ def _would(ret, comment):
 
 
 def _run(argv):
-    """Run a command; (ok, stderr). Command lines here never hold key material."""
-    result = __salt__["cmd.run_all"](argv, python_shell=False, output_loglevel="quiet", ignore_retcode=True)
+    """Run a command; (ok, stderr). Command lines here never hold key material. A program that
+    cannot be started (not installed) is a failed command, not an exception."""
+    try:
+        result = __salt__["cmd.run_all"](
+            argv, python_shell=False, output_loglevel="quiet", ignore_retcode=True
+        )
+    except CommandExecutionError as error:
+        return False, f"cannot run {argv[0]}: {error}"[-600:]
     return result["retcode"] == 0, (result["stderr"] or result["stdout"]).strip()[-600:]
 
 
@@ -1068,14 +1074,20 @@ def crypttab_present(name, device, key_file, options):
     return _done(ret, f"/etc/crypttab: {verb} {line}", crypttab={status: line})
 
 
+# `systemctl is-enabled` states that hold across a reboot; it exits 0 for enabled-runtime too
+# (a link under /run, gone at the next boot)
+ENABLED_FOR_GOOD = ("enabled", "static", "alias", "generated")
+
+
 def units_enabled(name, units):
     """
-    The systemd ``units`` are enabled (``systemctl enable``: the links their [Install] sections
-    ask for). systemctl does this with or without systemd running, so it holds in an image build
-    or a rescue system too, where Salt's service.enabled finds no such unit.
+    The systemd ``units`` are enabled for good (``systemctl enable``: the links their [Install]
+    sections ask for, under /etc). systemctl does this with or without systemd running, so it
+    holds in an image build or a rescue system too, where Salt's service.enabled finds no such
+    unit.
     """
     ret = _ret(name)
-    disabled = [unit for unit in units if not _run(["systemctl", "-q", "is-enabled", unit])[0]]
+    disabled = [unit for unit in units if _unit_state(unit) not in ENABLED_FOR_GOOD]
     if not disabled:
         return _done(ret, f"{', '.join(units)}: enabled")
     argv = ["systemctl", "enable", *disabled]
@@ -1087,36 +1099,64 @@ def units_enabled(name, units):
     return _done(ret, f"enabled {', '.join(disabled)}", enabled=disabled)
 
 
+def _unit_state(unit):
+    """What `systemctl is-enabled` says of ``unit`` (enabled, enabled-runtime, disabled...)."""
+    try:
+        result = __salt__["cmd.run_all"](
+            ["systemctl", "is-enabled", unit],
+            python_shell=False,
+            output_loglevel="quiet",
+            ignore_retcode=True,
+        )
+    except CommandExecutionError:
+        return "unknown"
+    return (result["stdout"] or "").strip().split("\n")[0]
+
+
 # ---- LVM creation, activation, filesystem, mount ---------------------------------------------
 #
-# Salt's lvm.vg_present and lv_present create the VG and the LV. Only where they do not exist:
-# an existing VG would be vgextended even under test=True, an existing LV resized without its
-# stripes (vg_extended and lv_extended grow them). The check is a call, not an ``unless``: a
-# state with unless/onlyif whose module has no mod_run_check makes Salt load every state and
-# execution module to look for one (seconds on a minion, over a minute on a slow one).
+# The VG and the LV are created here, not by Salt's lvm.vg_present and lv_present: those extend
+# an existing VG even under test=True, resize an existing LV without its stripes, and let LVM
+# put a new LV on any PV of the VG. An existing VG or LV grows in vg_extended and lv_extended.
+# (No ``unless`` either: a state with unless/onlyif whose module has no mod_run_check makes
+# Salt load every state and execution module to look for one, over a minute on a slow host.)
 
 
-def vg_present(name, devices):
-    """The VG ``name`` exists: created by Salt's ``lvm.vg_present`` over ``devices`` if it does not."""
+def vg_present(name, pvs):
+    """The VG ``name`` exists: ``vgcreate`` over the pillar's ``pvs`` if it does not."""
+    ret = _ret(name)
     room = __salt__["hana_storage_host.vg_pvs"](name)
     if "error" in room:
-        return _done(_ret(name), f"cannot read the PVs of {name}: {room['error']}", result=False)
+        return _done(ret, f"cannot read the PVs of {name}: {room['error']}", result=False)
     if room["pvs"]:
-        return _done(_ret(name), f"volume group {name} exists (new PVs join it in vg_extended)")
-    return __states__["lvm.vg_present"](name, devices=devices)
+        return _done(ret, f"volume group {name} exists (new PVs join it in vg_extended)")
+    argv = core.lvm.vgcreate_command(name, pvs)
+    if __opts__["test"]:
+        return _would(ret, f"would run {' '.join(argv)}")
+    ok, err = _run(argv)
+    if not ok:
+        return _done(ret, f"vgcreate {name} failed: {err}", result=False)
+    return _done(ret, f"created volume group {name} on {', '.join(pvs)}", created={"vg": name, "pvs": pvs})
 
 
-def lv_present(name, vgname, **lvcreate):
-    """The LV ``name`` of ``vgname`` exists: created by Salt's ``lvm.lv_present`` (with
-    ``lvcreate``'s size or extents, stripes and stripe size) if it does not."""
-    room = __salt__["hana_storage_host.lv_room"](f"/dev/{vgname}/{name}")
-    if "error" in room:
-        return _done(_ret(name), f"cannot read the LVs of {vgname}: {room['error']}", result=False)
-    if room["segments"]:
-        return _done(_ret(name), f"logical volume {vgname}/{name} exists (it grows in lv_extended)")
-    return __states__["lvm.lv_present"](name, vgname=vgname, **lvcreate)
-
-
+def lv_present(name, size, stripes, stripe_kib, pvs):
+    """The LV ``name`` (/dev/<vg>/<lv>) exists: ``lvcreate`` of ``size`` in ``stripes`` of
+    ``stripe_kib`` on the pillar's ``pvs`` if it does not."""
+    ret = _ret(name)
+    found = __salt__["hana_storage_host.lv_segments"](name)
+    if "error" in found:
+        return _done(ret, f"cannot read the LVs: {found['error']}", result=False)
+    if found["segments"]:
+        return _done(ret, f"{name} exists (it grows in lv_extended)")
+    argv = core.lvm.lvcreate_command(name, size, stripes, stripe_kib * 1024, pvs)
+    if __opts__["test"]:
+        return _would(ret, f"would run {' '.join(argv)}")
+    ok, err = _run(argv)
+    if not ok:
+        return _done(ret, f"lvcreate {name} failed: {err}", result=False)
+    return _done(
+        ret, f"created {name}: {size} in {stripes} stripe(s) on {', '.join(pvs)}", created={"lv": name}
+    )
 
 
 def lv_active(name):

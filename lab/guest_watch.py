@@ -7,7 +7,8 @@
         exists:PATH PATH exists                          xfs:DEV    DEV holds a finished XFS
 
 A PATH is a block device (its first 4 KiB: a LUKS2 header's sequence number changes with each
-keyslot change), a file, or a directory (each file in it). ``kill`` polls every 20 ms, then
+keyslot change), a file (its inode, size and mtime: a rewrite, or a rename over it, changes
+them; 16 MiB header backups are not read each poll), or a directory (each file in it). ``kill`` polls every 20 ms, then
 SIGKILLs PID's process group (the apply and its children) and prints KILLED, or ENDED when the
 apply ended first. One process reading a few blocks, where a shell loop forked about ten
 programs per poll: under emulation that took a whole vCPU from the apply it watched.
@@ -16,6 +17,7 @@ programs per poll: under emulation that took a whole vCPU from the apply it watc
 import hashlib
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -41,10 +43,13 @@ def state_of(path):
     if os.path.isdir(path):
         names = sorted(os.listdir(path))
         return " ".join(f"{n}={state_of(os.path.join(path, n))}" for n in names)
-    if not os.path.exists(path):
+    try:
+        info = os.stat(path)
+    except OSError:
         return "-"
-    size = 4096 if path.startswith("/dev/") else 1 << 24
-    return hashlib.sha256(head(path, size)).hexdigest()[:16]
+    if stat.S_ISBLK(info.st_mode):
+        return hashlib.sha256(head(path, 4096)).hexdigest()[:16]
+    return f"{info.st_ino}:{info.st_size}:{info.st_mtime_ns}"
 
 
 def snapshot(paths):
@@ -84,6 +89,9 @@ def kill_when(pid, done):
             print("ENDED")
             return
         time.sleep(POLL_SECONDS)
+    if not alive(pid):  # its last step was the one watched for, and it ended before this poll
+        print("ENDED")
+        return
     try:
         os.killpg(pid, signal.SIGKILL)
         print("KILLED")

@@ -152,6 +152,28 @@ def _devices(text, where):
     return devices
 
 
+# ---- creation ------------------------------------------------------------------------------------
+# Without NO_SUSPENDED: LVM itself refuses a VG or LV name that exists, suspended PVs included, so
+# a check that missed one (a multipath reload, a crypt resize) fails closed here. -qq answers no
+# to every prompt (a signature found where the LV starts is not wiped: lvcreate stops).
+
+
+def vgcreate_command(vg, pvs):
+    """`vgcreate` of ``vg`` over the pillar's ``pvs``."""
+    return ["vgcreate", "-qq", vg, *pvs]
+
+
+def lvcreate_command(lv_path, size, stripes, stripe_bytes, pvs):
+    """`lvcreate` of /dev/<vg>/<lv> in the pillar's geometry on the pillar's ``pvs`` only (left
+    to itself LVM allocates from any PV of the VG, a LUN the pillar does not name included). A
+    size relative to free space (``100%FREE``) counts the free space of those PVs (``%PVS``)."""
+    vg, lv = lv_path.split("/")[2:4]
+    size = str(size)
+    amount = ["--extents", size.replace("%FREE", "%PVS")] if "%" in size else ["--size", size]
+    geometry = ["--stripes", str(stripes), "--stripesize", f"{stripe_bytes // 1024}k"] if stripes > 1 else []
+    return ["lvcreate", "-qq", "--name", lv, *amount, *geometry, vg, *pvs]
+
+
 # ---- growth --------------------------------------------------------------------------------------
 
 PV_ROOM_FIELDS = "pv_name,vg_name,pv_pe_count,pv_pe_alloc_count,pv_allocatable,vg_extent_size"

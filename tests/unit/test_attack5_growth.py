@@ -136,14 +136,14 @@ def core_lv(monkeypatch):
     return configure
 
 
-def existing(salt_functions, monkeypatch, **lvm_state):
-    """The LV's VG holds ``lvm_state``'s LVs (default: the LV exists); Salt's lvm states, called
-    through ``__states__``, fail the test."""
+def existing(salt_functions):
+    """The VG and the LV exist; any command run on them fails the test."""
     segment = {"lv": "lv_hana_data", "vg": "vg_hana_data", "stripes": 2, "stripe_size": 65536}
-    salt_functions["hana_storage_host.lv_room"] = lambda path: {"segments": [segment], "pvs": []}
+    salt_functions["hana_storage_host.lv_segments"] = lambda path: {"segments": [segment]}
     salt_functions["hana_storage_host.vg_pvs"] = lambda vg: {"pvs": ["/dev/mapper/mpatha"]}
-    fail = lambda *a, **kw: pytest.fail(f"Salt's lvm state called on an existing VG/LV: {a} {kw}")  # noqa: E731
-    monkeypatch.setattr(states, "__states__", {"lvm.vg_present": fail, "lvm.lv_present": fail}, raising=False)
+    salt_functions["cmd.run_all"].side_effect = lambda argv, **kw: pytest.fail(
+        f"ran {argv} on an existing VG/LV"
+    )
 
 
 def test_a_larger_absolute_size_is_not_grown_by_salts_lv_present_outside_the_stripes(
@@ -152,32 +152,28 @@ def test_a_larger_absolute_size_is_not_grown_by_salts_lv_present_outside_the_str
     """size 800M -> 1000M on a 2-stripe LV. The `lv` step (core lvm.lv_present) runs before
     lv-extended and calls `lvresize -qq -L 1000M` itself: no --stripes, no PV list (LVM picks any
     PV of the VG), and test=True showed lv-extended's lvextend commands, not this one. Fixed: the
-    step (hana_storage.lv_present) calls Salt's lv_present only while the LV does not exist;
-    what Salt's lv_present would do to an existing LV is shown for the record."""
+    step (hana_storage.lv_present) only creates, with lvcreate, an LV that does not exist; what
+    Salt's lv_present does to an existing LV is shown for the record."""
     steps = lv_steps(
         tmp_path,
         {"devices": ["/dev/mapper/mpatha", "/dev/mapper/mpathb"], "stripe_size": 64, "size": "1000M"},
     )
-    step = step_args(steps["hana-storage-data-lv"]["hana_storage.lv_present"])
     calls = core_lv(200)  # 800 MiB
-    salt_lvm.lv_present(**step)
+    salt_lvm.lv_present("lv_hana_data", vgname="vg_hana_data", size="1000M", stripes=2, stripesize="64k")
     assert calls["lvresize"], "Salt's lv_present resizes an existing LV"
-    calls["lvresize"].clear()
-    existing(salt_functions, monkeypatch)
-    ret = states.lv_present(**step)
-    assert ret["result"] is True and not ret["changes"] and not calls["lvresize"], ret
+    existing(salt_functions)
+    ret = states.lv_present(**step_args(steps["hana-storage-data-lv"]["hana_storage.lv_present"]))
+    assert ret["result"] is True and not ret["changes"], ret
 
 
-def test_an_lv_rounded_up_to_whole_stripes_does_not_fail_every_later_apply(
-    tmp_path, core_lv, salt_functions, monkeypatch
-):
+def test_an_lv_rounded_up_to_whole_stripes_does_not_fail_every_later_apply(tmp_path, salt_functions):
     """size 2T over 3 stripes (README: 'size: 2T' grows the LV): 524288 extents are rounded up to
     524289 (whole stripes) by lvcreate/lvresize, and lv_extended rounds up the same way. Every
     later apply then sees 2T < the LV: core lv_present fails ('To reduce a Logical Volume option
     force must be True') and with it lv-active, LUKS above LVM, mkfs, mount, fs-grown..."""
     devices = ["/dev/mapper/mpatha", "/dev/mapper/mpathb", "/dev/mapper/mpathc"]
     steps = lv_steps(tmp_path, {"devices": devices, "stripe_size": 64, "size": "2T"})
-    existing(salt_functions, monkeypatch)  # Salt's lv_present is never run on the LV once it exists
+    existing(salt_functions)  # nothing is run on the LV once it exists
     assert states.lv_present(**step_args(steps["hana-storage-data-lv"]["hana_storage.lv_present"]))["result"]
     rounded = [
         {"lv": "lv", "vg": "vg", "stripes": 3, "stripe_size": 65536, "size": 524289 << 22, "devices": devices}
@@ -312,20 +308,20 @@ def test_new_devices_in_another_stripe_size_are_refused_by_the_pillar_gate():
 # ---- 11. test=True runs vgextend --------------------------------------------------------------------
 
 
-def test_test_mode_does_not_add_a_new_device_to_the_vg(tmp_path, salt_functions, dry_run, monkeypatch):
+def test_test_mode_does_not_add_a_new_device_to_the_vg(tmp_path, salt_functions, dry_run):
     """Growth relied on Salt's lvm.vg_present to vgextend (README: 'a device new to the pillar
     joins the VG'). vg_present (3006.30/3007.17/3008.5 alike) checks __opts__['test'] only when
     the VG is absent: for an existing VG it runs `vgextend` on every pillar device that is an
     orphan PV (pvcreate'd by an apply that stopped before the vg step, or by the SAN team), with
-    test=True as well. Fixed: vg_present runs only while the VG does not exist (``unless``); the
-    formula's vg_extended adds PVs, and under test=True only says so. (The check is a call in
-    hana_storage.vg_present now, not an ``unless``.)"""
+    test=True as well. Fixed: the formula's vg_present only creates a VG that does not exist;
+    its vg_extended adds PVs, and under test=True only says so."""
     devices = ["/dev/mapper/mpatha", "/dev/mapper/mpathb", "/dev/mapper/mpathc", "/dev/mapper/mpathd"]
     steps = lv_steps(tmp_path, {"devices": devices, "stripes": 2, "stripe_size": 64})
-    existing(salt_functions, monkeypatch)
+    existing(salt_functions)
     assert states.vg_present(**step_args(steps["hana-storage-data-vg"]["hana_storage.vg_present"]))["result"]
     extended = step_args(steps["hana-storage-data-vg-extended"]["hana_storage.vg_extended"])
     salt_functions["hana_storage_host.vg_pvs"] = lambda vg: {"pvs": devices[:2]}
+    salt_functions["cmd.run_all"].side_effect = None
     ret = states.vg_extended(**extended)
     assert (
         ret["result"] is None

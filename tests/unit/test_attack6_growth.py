@@ -355,6 +355,8 @@ def test_the_vg_steps_name_the_pillars_vg_as_written(tmp_path):
     names = {
         "vg_extended": step_args(steps["hana-storage-data-vg-extended"]["hana_storage.vg_extended"])["name"],
         "vg_present": step_args(steps["hana-storage-data-vg"]["hana_storage.vg_present"])["name"],
-        "lv_present": step_args(steps["hana-storage-data-lv"]["hana_storage.lv_present"])["vgname"],
+        "lv_present": step_args(steps["hana-storage-data-lv"]["hana_storage.lv_present"])["name"].split("/")[
+            2
+        ],
     }
     assert names == dict.fromkeys(names, "0100")

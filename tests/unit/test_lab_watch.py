@@ -21,7 +21,7 @@ def test_a_snapshot_changes_with_a_file_a_directory_entry_or_a_device_block(tmp_
     paths = [str(crypttab), str(keys), str(tmp_path / "absent")]
     before = guest_watch.snapshot(paths)
     assert guest_watch.snapshot(paths) == before
-    crypttab.write_text("hana_data UUID=1 /k2 luks\n")
+    crypttab.write_text("hana_data UUID=1 /etc/k2 luks\n")  # in place: its size tells
     assert guest_watch.snapshot(paths) != before
     before = guest_watch.snapshot(paths)
     (keys / "hana.key").write_bytes(b"k")

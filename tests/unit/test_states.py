@@ -2409,62 +2409,75 @@ def test_vg_extended_before_the_vg_exists(salt_functions, opts, test):
     assert_nothing_done(salt_functions)
 
 
-# ---- VG and LV creation through Salt's lvm states, only where they do not exist --------------
+# ---- VG and LV creation, only where they do not exist --------------------------------------------
 
 
-@pytest.fixture
-def salt_lvm_states(monkeypatch):
-    """Salt's lvm.vg_present and lv_present as ``__states__`` sees them: each call recorded."""
-    calls = []
-
-    def state(fun):
-        return lambda name, **kwargs: (
-            calls.append((fun, name, kwargs))
-            or {"name": name, "result": True, "changes": {"created": name}, "comment": ""}
-        )
-
-    monkeypatch.setattr(
-        states, "__states__", {f: state(f) for f in ("lvm.vg_present", "lvm.lv_present")}, raising=False
+def lvm_commands(salt_functions):
+    """The LVM commands the state runs (each succeeds)."""
+    ran = []
+    salt_functions["cmd.run_all"] = lambda argv, **kw: (
+        ran.append(argv) or {"retcode": 0, "stdout": "", "stderr": ""}
     )
-    return calls
+    return ran
 
 
-def test_vg_present_creates_only_a_vg_that_does_not_exist(salt_functions, salt_lvm_states):
+def test_vg_present_creates_only_a_vg_that_does_not_exist(salt_functions):
+    ran = lvm_commands(salt_functions)
     salt_functions["hana_storage_host.vg_pvs"] = lambda vg: {"pvs": []}
-    assert states.vg_present("vg_hana_data", ["/dev/sda", "/dev/sdb"])["changes"] == {
-        "created": "vg_hana_data"
-    }
-    assert salt_lvm_states == [("lvm.vg_present", "vg_hana_data", {"devices": ["/dev/sda", "/dev/sdb"]})]
-    salt_lvm_states.clear()
+    ret = states.vg_present("vg_hana_data", ["/dev/sda", "/dev/sdb"])
+    assert ret["changes"] == {"created": {"vg": "vg_hana_data", "pvs": ["/dev/sda", "/dev/sdb"]}}
+    assert ran == [["vgcreate", "-qq", "vg_hana_data", "/dev/sda", "/dev/sdb"]]
+    ran.clear()
     salt_functions["hana_storage_host.vg_pvs"] = lambda vg: {"pvs": ["/dev/sda"]}
     ret = states.vg_present("vg_hana_data", ["/dev/sda", "/dev/sdb"])
-    assert ret["result"] is True and not ret["changes"] and not salt_lvm_states  # sdb: vg_extended's
+    assert ret["result"] is True and not ret["changes"] and not ran  # sdb: vg_extended's
     salt_functions["hana_storage_host.vg_pvs"] = lambda vg: {"error": "pvs: locking failed"}
     ret = states.vg_present("vg_hana_data", ["/dev/sda"])
-    assert ret["result"] is False and "locking failed" in ret["comment"] and not salt_lvm_states
+    assert ret["result"] is False and "locking failed" in ret["comment"] and not ran
 
 
-def test_lv_present_creates_only_an_lv_that_does_not_exist(salt_functions, salt_lvm_states):
-    asked = []
-    salt_functions["hana_storage_host.lv_room"] = lambda path: (
-        asked.append(path) or {"segments": [], "pvs": []}
+def test_vg_present_in_test_mode_says_what_it_would_run(salt_functions, dry_run):
+    ran = lvm_commands(salt_functions)
+    salt_functions["hana_storage_host.vg_pvs"] = lambda vg: {"pvs": []}
+    ret = states.vg_present("vg_hana_data", ["/dev/sda"])
+    assert (
+        ret["result"] is None and ret["comment"] == "would run vgcreate -qq vg_hana_data /dev/sda" and not ran
     )
-    ret = states.lv_present("lv_hana_data", "vg_hana_data", extents="100%FREE", stripes=2, stripesize="64k")
-    assert ret["result"] is True and asked == ["/dev/vg_hana_data/lv_hana_data"]
-    assert salt_lvm_states == [
-        ("lvm.lv_present", "lv_hana_data", {"vgname": "vg_hana_data", "extents": "100%FREE", "stripes": 2,
-                                            "stripesize": "64k"})
+
+
+LV_PATH = "/dev/vg_hana_data/lv_hana_data"
+
+
+def test_lv_present_creates_only_an_lv_that_does_not_exist_on_the_pillars_pvs(salt_functions):
+    ran, asked = lvm_commands(salt_functions), []
+    salt_functions["hana_storage_host.lv_segments"] = lambda path: asked.append(path) or {"segments": []}
+    ret = states.lv_present(LV_PATH, "100%FREE", 2, 64, ["/dev/sdb", "/dev/sdc"])
+    assert ret["result"] is True and ret["changes"] == {"created": {"lv": LV_PATH}} and asked == [LV_PATH]
+    assert ran == [
+        ["lvcreate", "-qq", "--name", "lv_hana_data", "--extents", "100%PVS", "--stripes", "2",
+         "--stripesize", "64k", "vg_hana_data", "/dev/sdb", "/dev/sdc"]
     ]  # fmt: skip
-    salt_lvm_states.clear()
-    salt_functions["hana_storage_host.lv_room"] = lambda path: {
-        "segments": [{"lv": "lv_hana_data"}],
-        "pvs": [],
-    }
-    ret = states.lv_present("lv_hana_data", "vg_hana_data", size="10G")
-    assert ret["result"] is True and not ret["changes"] and not salt_lvm_states
-    salt_functions["hana_storage_host.lv_room"] = lambda path: {"error": "lvs: no lvm here"}
-    assert states.lv_present("lv_hana_data", "vg_hana_data", size="10G")["result"] is False
-    assert not salt_lvm_states
+    ran.clear()
+    states.lv_present(LV_PATH, "500G", 1, 64, ["/dev/sdb"])
+    assert ran == [
+        ["lvcreate", "-qq", "--name", "lv_hana_data", "--size", "500G", "vg_hana_data", "/dev/sdb"]
+    ]
+    ran.clear()
+    salt_functions["hana_storage_host.lv_segments"] = lambda path: {"segments": [{"lv": "lv_hana_data"}]}
+    ret = states.lv_present(LV_PATH, "10G", 2, 64, ["/dev/sdb", "/dev/sdc"])
+    assert ret["result"] is True and not ret["changes"] and not ran
+    salt_functions["hana_storage_host.lv_segments"] = lambda path: {"error": "lvs: no lvm here"}
+    assert states.lv_present(LV_PATH, "10G", 2, 64, ["/dev/sdb", "/dev/sdc"])["result"] is False
+    assert not ran
+
+
+def test_a_failed_lvcreate_fails_the_step(salt_functions):
+    salt_functions["hana_storage_host.lv_segments"] = lambda path: {"segments": []}
+    salt_functions["cmd.run_all"] = lambda argv, **kw: {
+        "retcode": 5, "stdout": "", "stderr": "Logical Volume \"lv_hana_data\" already exists in volume group"
+    }  # fmt: skip
+    ret = states.lv_present(LV_PATH, "10G", 2, 64, ["/dev/sdb", "/dev/sdc"])
+    assert ret["result"] is False and "already exists" in ret["comment"] and not ret["changes"]
 
 
 def systemctl(salt_functions, enabled):
@@ -2473,8 +2486,10 @@ def systemctl(salt_functions, enabled):
 
     def run_all(argv, **kwargs):
         ran.append(argv)
-        enabled_now = argv[:3] == ["systemctl", "-q", "is-enabled"] and argv[3] in enabled
-        return {"retcode": 0 if enabled_now or argv[1] == "enable" else 1, "stdout": "", "stderr": ""}
+        if argv[1] == "is-enabled":
+            on = argv[2] in enabled
+            return {"retcode": 0 if on else 1, "stdout": "enabled\n" if on else "disabled\n", "stderr": ""}
+        return {"retcode": 0, "stdout": "", "stderr": ""}
 
     salt_functions["cmd.run_all"] = run_all
     return ran
@@ -2490,7 +2505,7 @@ def test_units_enabled_enables_only_the_disabled_units(salt_functions):
     assert ran[-1] == ["systemctl", "enable", "remote-cryptsetup.target"]
     ran = systemctl(salt_functions, enabled=set(UNITS))
     ret = states.units_enabled("tang unlock at boot", UNITS)
-    assert ret["result"] is True and not ret["changes"] and all(argv[1] == "-q" for argv in ran)
+    assert ret["result"] is True and not ret["changes"] and all(argv[1] == "is-enabled" for argv in ran)
 
 
 def test_units_enabled_in_test_mode_says_what_it_would_run(salt_functions, dry_run):

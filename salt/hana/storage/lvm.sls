@@ -1,7 +1,8 @@
 # -*- coding: utf-8 -*-
 # vim: ft=sls
 # PVs, VG and one striped LV per volume: on the disks (above LVM) or on the opened LUKS devices
-# (below LVM). Salt's lvm states create them; an existing VG or LV grows through vg_extended and
+# (below LVM). Salt's pv_present makes the PVs, the formula's vg_present and lv_present create
+# the VG and the LV on the pillar's PVs only; an existing VG or LV grows through vg_extended and
 # lv_extended, in the LV's own stripes (_states/hana_storage.py says why not Salt's states).
 ---
 {%- from "hana/storage/map.jinja" import hana_storage with context %}
@@ -20,7 +21,7 @@ hana-storage-{{ name }}-pv-{{ loop.index0 }}:
 hana-storage-{{ name }}-vg:
   hana_storage.vg_present:
     - name: {{ volume.vg | json }}
-    - devices: {{ volume.pvs | json }}
+    - pvs: {{ volume.pvs | json }}
     - require:
 {%-     for pv in volume.pvs %}
       - lvm: hana-storage-{{ name }}-pv-{{ loop.index0 }}
@@ -35,17 +36,11 @@ hana-storage-{{ name }}-vg-extended:
 
 hana-storage-{{ name }}-lv:
   hana_storage.lv_present:
-    - name: {{ volume.lv | json }}
-    - vgname: {{ volume.vg | json }}
-{%-     if '%' in volume.size %}
-    - extents: {{ volume.size }}
-{%-     else %}
-    - size: {{ volume.size }}
-{%-     endif %}
-{%-     if volume.stripes > 1 %}
+    - name: {{ volume.lv_path | json }}
+    - size: {{ volume.size | json }}
     - stripes: {{ volume.stripes }}
-    - stripesize: {{ volume.stripe_size_kib }}k
-{%-     endif %}
+    - stripe_kib: {{ volume.stripe_size_kib }}
+    - pvs: {{ volume.pvs | json }}
     - require:
       - hana_storage: hana-storage-{{ name }}-vg-extended
 
