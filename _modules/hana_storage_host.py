@@ -982,6 +982,19 @@ def key_slots(device, key_file):
     return {"keyslots": opened, "error": "; ".join(errors) or None}
 
 
+def _formula_lv(name):
+    """Did the formula's lvcreate make the LV of kernel name ``name`` (its tag)? No when LVM
+    cannot tell."""
+    dm_name = _read(f"{SYSFS_BLOCK}/{name}/dm/name").strip()
+    if not dm_name:
+        return False
+    text, error = _run(core.lvm.lv_tags_command(f"/dev/mapper/{dm_name}"))
+    try:
+        return not error and core.lvm.FORMULA_TAG in core.lvm.parse_lv_tags(text)
+    except ValueError:
+        return False
+
+
 def _luks_below(name, dm_uuid):
     """The LUKS UUIDs of the opened LUKS devices an LV ``name`` (device-mapper UUID ``dm_uuid``)
     lies on, when it lies on such devices only (below LVM: PVs on LUKS payloads); [] otherwise."""
@@ -1080,8 +1093,11 @@ def probe(devices, key_file=None):
                 name, int(size) * 512 if size.isascii() and size.isdigit() else HEAD_BYTES
             )
             formatted_here = [result["inside_luks"]] if result["inside_luks"] else result["luks_below"]
-            result["payload_unused"] = bool(formatted_here) and all(
-                os.path.exists(format_marker(uuid, "payload")) for uuid in formatted_here
+            result["payload_unused"] = (
+                bool(formatted_here)
+                and all(os.path.exists(format_marker(uuid, "payload")) for uuid in formatted_here)
+                # an LV on those devices says nothing of them: only one the formula created
+                and (not result["luks_below"] or _formula_lv(name))
             )
         if "crypto_LUKS" in types:
             header = _header_of(name)

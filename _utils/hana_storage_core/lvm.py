@@ -158,6 +158,26 @@ def _devices(text, where):
 # to every prompt (a signature found where the LV starts is not wiped: lvcreate stops).
 
 
+# The tag of the LVs the formula creates (written with the LV's metadata, so no kill leaves an LV
+# of the formula's without it): below LVM, an LV on the formula's own LUKS devices without it was
+# made by someone else, and what it holds is theirs however fresh the devices under it are.
+FORMULA_TAG = "hana_storage_formula"
+
+
+def lv_tags_command(lv_path):
+    """The `lvs` invocation parse_lv_tags reads: the tags of one LV."""
+    return _report_command("lvs", "lv_tags", lv_path)
+
+
+def parse_lv_tags(text):
+    """The tags of the one LV of an lv_tags_command report."""
+    rows = _rows(text, "lv")
+    if len(rows) != 1:
+        raise LvmReportError(f"{len(rows)} LVs in a report of one")
+    tags = _string(rows[0], "lv_tags", "lv")
+    return {tag for tag in tags.split(",") if tag}
+
+
 def vgcreate_command(vg, pvs):
     """`vgcreate` of ``vg`` over the pillar's ``pvs``."""
     return ["vgcreate", "-qq", vg, *pvs]
@@ -171,7 +191,7 @@ def lvcreate_command(lv_path, size, stripes, stripe_bytes, pvs):
     size = str(size)
     amount = ["--extents", size.replace("%FREE", "%PVS")] if "%" in size else ["--size", size]
     geometry = ["--stripes", str(stripes), "--stripesize", f"{stripe_bytes // 1024}k"] if stripes > 1 else []
-    return ["lvcreate", "-qq", "--name", lv, *amount, *geometry, vg, *pvs]
+    return ["lvcreate", "-qq", "--name", lv, "--addtag", FORMULA_TAG, *amount, *geometry, vg, *pvs]
 
 
 # ---- growth --------------------------------------------------------------------------------------

@@ -8,11 +8,11 @@ it, whoever made that LV and whatever was written to it: the marks say nothing a
 """
 
 import importlib.util
+import json
 import os
 import stat
 import types
 
-import pytest
 from hana_storage_core import safety
 
 from tests.conftest import REPO
@@ -84,11 +84,6 @@ def host_with(tmp_path, monkeypatch):
     return host
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known hole: the formula cannot tell its own LV from one made by hand under the same name "
-    "until it creates the LV itself with a tag (Salt's lvm.lv_present takes no --addtag); see the changelog",
-)
 def test_an_lv_the_formula_did_not_create_is_not_blank_for_its_marks(tmp_path, monkeypatch):
     """Attack: below LVM, an apply stops after vgcreate (killed, or lv_present fails on every
     apply: a size the VG cannot hold); the payload marks stay, as they now do past pvcreate. The
@@ -110,3 +105,29 @@ def test_an_lv_the_formula_did_not_create_is_not_blank_for_its_marks(tmp_path, m
     assert probe["data_at"] == 1 << 20 and sorted(probe["luks_below"]) == UUIDS
     verdict = safety.layer_verdict("xfs", probe, may_wipe=False, created_now=False)
     assert verdict["verdict"] == "refuse", verdict
+
+
+def lv_tags(host, tags):
+    """LVM answers the LV's tags (an lvs report), as for an LV the formula's lvcreate made."""
+    rows = [{"lv_tags": ",".join(tags)}]
+    host.__salt__ = {
+        "cmd.run_all": lambda argv, **k: {
+            "retcode": 0 if argv[0] == "lvs" and "/dev/mapper/vg_hana_data-lv_hana_data" in argv else 1,
+            "stdout": json.dumps({"report": [{"lv": rows}]}),
+            "stderr": "",
+        }
+    }
+
+
+def test_the_lv_the_formula_created_on_its_marked_devices_is_blank(tmp_path, monkeypatch):
+    """Fixed by creating the LV with lvcreate --addtag (written with the LV's metadata): the
+    formula's own LV, killed before mkfs, is still taken for blank; the same LV without the tag
+    (made by hand, or by an older formula) is refused."""
+    host = host_with(tmp_path, monkeypatch)
+    (tmp_path / "sys" / "dm-9" / "dm" / "name").write_text("vg_hana_data-lv_hana_data\n")
+    lv_tags(host, ["hana_storage_formula"])
+    probe = host.probe([LV])[LV]
+    assert probe["payload_unused"] is True
+    assert safety.layer_verdict("xfs", probe, may_wipe=False, created_now=False)["verdict"] != "refuse"
+    lv_tags(host, ["backup_team"])
+    assert host.probe([LV])[LV]["payload_unused"] is False

@@ -2454,14 +2454,16 @@ def test_lv_present_creates_only_an_lv_that_does_not_exist_on_the_pillars_pvs(sa
     ret = states.lv_present(LV_PATH, "100%FREE", 2, 64, ["/dev/sdb", "/dev/sdc"])
     assert ret["result"] is True and ret["changes"] == {"created": {"lv": LV_PATH}} and asked == [LV_PATH]
     assert ran == [
-        ["lvcreate", "-qq", "--name", "lv_hana_data", "--extents", "100%PVS", "--stripes", "2",
+        ["lvcreate", "-qq", "--name", "lv_hana_data", "--addtag", "hana_storage_formula", "--extents", "100%PVS",
+         "--stripes", "2",
          "--stripesize", "64k", "vg_hana_data", "/dev/sdb", "/dev/sdc"]
     ]  # fmt: skip
     ran.clear()
     states.lv_present(LV_PATH, "500G", 1, 64, ["/dev/sdb"])
     assert ran == [
-        ["lvcreate", "-qq", "--name", "lv_hana_data", "--size", "500G", "vg_hana_data", "/dev/sdb"]
-    ]
+        ["lvcreate", "-qq", "--name", "lv_hana_data", "--addtag", "hana_storage_formula", "--size", "500G",
+         "vg_hana_data", "/dev/sdb"]
+    ]  # fmt: skip
     ran.clear()
     salt_functions["hana_storage_host.lv_segments"] = lambda path: {"segments": [{"lv": "lv_hana_data"}]}
     ret = states.lv_present(LV_PATH, "10G", 2, 64, ["/dev/sdb", "/dev/sdc"])
