@@ -12,8 +12,9 @@ PVS_FIELDS = "pv_name,vg_name,pv_uuid,dev_size,pv_size"
 _DEVICE = re.compile(r"^(?P<path>[^(),]+)\((?P<extent>\d+)\)$")
 
 
-# never read a suspended device while scanning: the read would block until it is resumed
-NO_SUSPENDED = ["--config", "devices { ignore_suspended_devices = 1 }"]
+# Never read a suspended device while scanning (the read would block until it is resumed); lists
+# (devices, tags) joined by commas whatever the site's lvm.conf says (LVM takes one --config).
+NO_SUSPENDED = ["--config", 'devices { ignore_suspended_devices = 1 } report { list_item_separator = "," }']
 
 
 def _report_command(command, fields, *options):
