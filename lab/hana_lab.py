@@ -191,11 +191,11 @@ class Lab:
         # reaches a host over two paths: the first paths are vda.., the second follow them
         self.paths = paths
         self.workdir = pathlib.Path(workdir).resolve()
-        # One vCPU unless asked: under emulation every TLB shootdown between vCPUs stops them
-        # all, and a Salt run forks hundreds of programs. Measured (same run, both orders): 60
-        # /bin/true 5.0 s on 1 vCPU against 8.9-12.8 s on 2, 10 lvs 5.8-8.5 against 12.6-15.8,
-        # importing Salt 15-22 s against 20-34.
-        self.memory, self.cpus = memory, cpus or int(os.environ.get("HANA_STORAGE_LAB_CPUS", "1"))
+        # vCPUs: HANA_STORAGE_LAB_CPUS, 2 by default. One vCPU spawns programs about twice as
+        # fast under emulation (no TLB shootdowns between vCPUs: 60 /bin/true 5.0 s against
+        # 8.9-12.8 s, same run, both orders), but the guest's own background work then shares
+        # the apply's CPU: rotation's kill loop ran 80-115 s an iteration on 1 against 40-60 on 2.
+        self.memory, self.cpus = memory, cpus or int(os.environ.get("HANA_STORAGE_LAB_CPUS", "2"))
         self.boot_timeout, self.fresh, self.verbose = boot_timeout, fresh, verbose
         self.network = network  # user-mode networking: the host is 10.0.2.2 from the guest
         # QEMU's CPU model; virtme-ng's "max" emulates AES-NI, "max,aes=off" a CPU without it
