@@ -51,6 +51,17 @@ def _would(ret, comment):
     return _done(ret, comment, result=None)
 
 
+def _change(ret, argv, failed, done, **changes):
+    """Run ``argv`` (under test=True only say so): ``failed`` with its error, or ``done`` with
+    ``changes``."""
+    if __opts__["test"]:
+        return _would(ret, f"would run {' '.join(argv)}")
+    ok, err = _run(argv)
+    if not ok:
+        return _done(ret, f"{failed}: {err}", result=False)
+    return _done(ret, done, **changes)
+
+
 def _run(argv):
     """Run a command; (ok, stderr). Command lines here never hold key material. A program that
     cannot be started (not installed) is a failed command, not an exception."""
@@ -1091,12 +1102,7 @@ def units_enabled(name, units):
     if not disabled:
         return _done(ret, f"{', '.join(units)}: enabled")
     argv = ["systemctl", "enable", *disabled]
-    if __opts__["test"]:
-        return _would(ret, f"would run {' '.join(argv)}")
-    ok, err = _run(argv)
-    if not ok:
-        return _done(ret, f"systemctl enable {' '.join(disabled)} failed: {err}", result=False)
-    return _done(ret, f"enabled {', '.join(disabled)}", enabled=disabled)
+    return _change(ret, argv, f"{' '.join(argv)} failed", f"enabled {', '.join(disabled)}", enabled=disabled)
 
 
 def _unit_state(unit):
@@ -1130,13 +1136,9 @@ def vg_present(name, pvs):
         return _done(ret, f"cannot read the PVs of {name}: {room['error']}", result=False)
     if room["pvs"]:
         return _done(ret, f"volume group {name} exists (new PVs join it in vg_extended)")
+    created = f"created volume group {name} on {', '.join(pvs)}"
     argv = core.lvm.vgcreate_command(name, pvs)
-    if __opts__["test"]:
-        return _would(ret, f"would run {' '.join(argv)}")
-    ok, err = _run(argv)
-    if not ok:
-        return _done(ret, f"vgcreate {name} failed: {err}", result=False)
-    return _done(ret, f"created volume group {name} on {', '.join(pvs)}", created={"vg": name, "pvs": pvs})
+    return _change(ret, argv, f"vgcreate {name} failed", created, created={"vg": name, "pvs": pvs})
 
 
 def lv_present(name, size, stripes, stripe_kib, pvs):
@@ -1148,15 +1150,9 @@ def lv_present(name, size, stripes, stripe_kib, pvs):
         return _done(ret, f"cannot read the LVs: {found['error']}", result=False)
     if found["segments"]:
         return _done(ret, f"{name} exists (it grows in lv_extended)")
+    created = f"created {name}: {size} in {stripes} stripe(s) on {', '.join(pvs)}"
     argv = core.lvm.lvcreate_command(name, size, stripes, stripe_kib * 1024, pvs)
-    if __opts__["test"]:
-        return _would(ret, f"would run {' '.join(argv)}")
-    ok, err = _run(argv)
-    if not ok:
-        return _done(ret, f"lvcreate {name} failed: {err}", result=False)
-    return _done(
-        ret, f"created {name}: {size} in {stripes} stripe(s) on {', '.join(pvs)}", created={"lv": name}
-    )
+    return _change(ret, argv, f"lvcreate {name} failed", created, created={"lv": name})
 
 
 def lv_active(name):
@@ -1199,13 +1195,9 @@ def vg_extended(name, pvs):
     joining = [pv for pv in pvs if _real(pv) not in inside]
     if not joining:
         return _done(ret, f"{name} holds each of its PVs")
+    added = f"added {', '.join(joining)} to {name}"
     argv = ["vgextend", name, *joining]
-    if __opts__["test"]:
-        return _would(ret, f"would run {' '.join(argv)}")
-    ok, err = _run(argv)
-    if not ok:
-        return _done(ret, f"vgextend {name} failed: {err}", result=False)
-    return _done(ret, f"added {', '.join(joining)} to {name}", extended={"vg": name, "pvs": joining})
+    return _change(ret, argv, f"vgextend {name} failed", added, extended={"vg": name, "pvs": joining})
 
 
 # A new PV's room before it exists (test mode): its device less LVM's metadata area in front

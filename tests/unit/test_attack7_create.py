@@ -17,6 +17,7 @@ from salt.exceptions import CommandExecutionError
 
 from tests.conftest import REPO
 from tests.unit.test_attack5_growth import core_lv, lv_steps, step_args  # noqa: F401
+from tests.unit.test_lab_watch import watch
 from tests.unit.test_states import (  # noqa: F401  (fixtures: pytest finds them by name here)
     configure_loader_modules,
     dry_run,
@@ -262,15 +263,6 @@ def test_a_missing_systemctl_is_a_failed_step_not_a_traceback(salt_functions):
 
 
 # ---- 4. lab/guest_watch.py ----------------------------------------------------------------------
-
-
-def watch(*argv):
-    return subprocess.run(
-        [sys.executable, str(REPO / "lab" / "guest_watch.py"), *argv],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    ).stdout.strip()
 
 
 def zombie(pid):
