@@ -8,7 +8,9 @@
 
 A PATH is a block device (its first 4 KiB: a LUKS2 header's sequence number changes with each
 keyslot change), a file (its inode, size and mtime: a rewrite, or a rename over it, changes
-them; 16 MiB header backups are not read each poll), or a directory (each file in it). ``kill`` polls every 20 ms, then
+them; 16 MiB header backups are not read each poll), or a directory (each file in it but the
+``*.new`` a step writes before renaming it into place: the rename is the step, and a kill at the
+temporary file's first byte would hit the same point on every apply). ``kill`` polls every 20 ms, then
 SIGKILLs PID's process group (the apply and its children) and prints KILLED, or ENDED when the
 apply ended first. One process reading a few blocks, where a shell loop forked about ten
 programs per poll: under emulation that took a whole vCPU from the apply it watched.
@@ -41,7 +43,7 @@ def head(path, size):
 
 def state_of(path):
     if os.path.isdir(path):
-        names = sorted(os.listdir(path))
+        names = sorted(n for n in os.listdir(path) if not n.endswith(".new"))
         return " ".join(f"{n}={state_of(os.path.join(path, n))}" for n in names)
     try:
         info = os.stat(path)

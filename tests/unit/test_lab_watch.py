@@ -28,6 +28,19 @@ def test_a_snapshot_changes_with_a_file_a_directory_entry_or_a_device_block(tmp_
     assert guest_watch.snapshot(paths) != before
 
 
+def test_a_temporary_file_is_not_a_step_its_rename_is(tmp_path):
+    """A header backup is written to <name>.new and renamed into place once proven. A kill as the
+    .new appeared hit the same point on every apply, so a rotation never got past its backup."""
+    backups = tmp_path / "luks-headers"
+    backups.mkdir()
+    before = guest_watch.snapshot([str(backups)])
+    new = backups / "hana_data.luks-header.new"
+    new.write_bytes(b"half a header")
+    assert guest_watch.snapshot([str(backups)]) == before
+    new.rename(backups / "hana_data.luks-header")
+    assert guest_watch.snapshot([str(backups)]) != before
+
+
 def test_the_tests_read_the_formats_they_name(tmp_path):
     device = tmp_path / "vdm"
     device.write_bytes(bytes(8192))
