@@ -64,11 +64,12 @@ test-vm: deps
 bench: deps
 	.venv/bin/python $(PYTEST) bench -q
 
-# no QEMU, no kernel: only the newest line's venv
+# no QEMU, no kernel: only the newest line's venv; the tools' scripts have no .py for ruff to find
+TOOLS := tools/import-graph tools/lock-requirements tools/vm-lanes
 lint:
 	@tools/install-deps.sh --lint
-	.venv/bin/ruff check -q .
-	.venv/bin/ruff format -q --check .
+	.venv/bin/ruff check -q . $(TOOLS)
+	.venv/bin/ruff format -q --check . $(TOOLS)
 	.venv/bin/vermin -q --no-tips --violations --target=3.10- --eval-annotations _modules _states _beacons _runners _engines _utils
 	.venv/bin/salt-lint salt/hana/storage/*.sls  # reactor/*.sls is #!py: ruff
 	.venv/bin/python tools/import-graph --check  # layers without cycles: loader modules -> hana_storage_core
