@@ -132,6 +132,18 @@ def lv_geometry(lv_paths):
     return {path: {**entry, "pvs": len(entry["pvs"])} for path, entry in found.items()}
 
 
+def pv_names():
+    """{"pvs": [the device of every PV, as `pvs` names it]} or {"error": ...}: for
+    hana_storage.pv_present."""
+    text, error = _run(core.lvm.pvs_command())
+    if error:
+        return {"error": error}
+    try:
+        return {"pvs": [pv["pv"] for pv in core.lvm.parse_pvs(text)]}
+    except ValueError as err:
+        return {"error": str(err)}
+
+
 def vg_pvs(vg):
     """{"pvs": [the PVs of ``vg``]} or {"error": ...}: for hana_storage.vg_extended."""
     text, error = _run(core.lvm.pv_room_command(vg))

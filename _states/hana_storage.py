@@ -1,7 +1,7 @@
 """States Salt core lacks for encrypted HANA storage: the pillar gate, keys, the data-loss guard,
 LUKS format and open (with dm-crypt flags, active and persistent), guarded mkfs, crypttab and
-fstab by UUID, and mounting that never displaces a foreign mount. LVM uses Salt's own
-``lvm.pv_present``/``vg_present``/``lv_present``.
+fstab by UUID, and mounting that never displaces a foreign mount, and the PVs, VG and striped
+LV of a volume (why not Salt's lvm states: above ``vg_present``).
 
 Key material never leaves the key state: every other state names the key by its file, and no
 return, change, comment or command line carries it. Every state is idempotent and, with
@@ -62,9 +62,37 @@ def _change(ret, argv, failed, done, **changes):
     return _done(ret, done, **changes)
 
 
+# LVM reports read by the steps of one state run, kept until the run changes something: each
+# PV, VG and LV step of every volume asks the same `pvs`, and on a host with many LUNs each
+# report scans all of them. They live in the run's __context__ (Salt gives each state run a
+# copy of its own), so nothing outlives the run.
+READS = "hana_storage.lvm_reads"
+
+
+def _read(function, *args):
+    """``hana_storage_host.<function>(*args)``, once per state run until the run changes something."""
+    context = globals().get("__context__")
+    reads = context.setdefault(READS, {}) if context is not None else {}
+    key = (function, args)
+    if key not in reads:
+        found = __salt__[f"hana_storage_host.{function}"](*args)
+        if "error" in found:
+            return found
+        reads[key] = found
+    return reads[key]
+
+
+def _forget_reads():
+    context = globals().get("__context__")
+    if context is not None:
+        context.pop(READS, None)
+
+
 def _run(argv):
     """Run a command; (ok, stderr). Command lines here never hold key material. A program that
-    cannot be started (not installed) is a failed command, not an exception."""
+    cannot be started (not installed) is a failed command, not an exception. Whatever it changed,
+    the LVM reports this run kept are read again."""
+    _forget_reads()
     try:
         result = __salt__["cmd.run_all"](
             argv, python_shell=False, output_loglevel="quiet", ignore_retcode=True
@@ -78,6 +106,7 @@ SCRATCH = "/run/hana-storage/scratch"  # a ramfs: what Clevis copies of a header
 
 
 def _run_clevis(argv):
+    _forget_reads()
     """Run a Clevis command with a private TMPDIR on a root-only ramfs, removed afterwards.
 
     ``clevis luks bind`` copies the whole LUKS header into a ``mktemp -d`` and leaves it there
@@ -894,8 +923,8 @@ def _created_in_this_run(state_id):
 def pv_safe(name, vg, lv_dm_name=None, opened_by=None):
     """
     The opened LUKS device ``name`` (below LVM) is blank or already a PV of ``vg`` (held by its
-    LV ``lv_dm_name`` once that exists), before Salt's
-    ``lvm.pv_present`` runs ``pvcreate --yes`` on it, which wipes any signature. A device the
+    LV ``lv_dm_name`` once that exists), before ``pv_present`` runs ``pvcreate --yes`` on it,
+    which wipes any signature. A device the
     volume's key opens may hold a filesystem, an md member or another VG's PV (a layout change,
     a re-used key): then the volume stops here, naming the device and what is on it.
     """
@@ -1128,10 +1157,27 @@ def _unit_state(unit):
 # Salt load every state and execution module to look for one, over a minute on a slow host.)
 
 
+def pv_present(name):
+    """``name`` is an LVM PV: ``pvcreate --yes`` if it is not, as Salt's ``lvm.pv_present`` does
+    (the guard before this step proved the device blank, the volume's own, or the pillar's to
+    format; LVM itself refuses a PV that belongs to a VG). One `pvs` serves every PV step of the
+    run where Salt's ran `pvdisplay` for each, and four LVM commands to create one."""
+    ret = _ret(name)
+    found = _read("pv_names")
+    if "error" in found:
+        return _done(ret, f"cannot read the PVs: {found['error']}", result=False)
+    if _real(name) in {_real(pv) for pv in found["pvs"]}:
+        return _done(ret, f"{name} is a PV")
+    if not __opts__["test"] and not os.path.exists(name):
+        return _done(ret, f"{name} does not exist", result=False)
+    made = f"made {name} a PV"
+    return _change(ret, ["pvcreate", "--yes", name], f"pvcreate {name} failed", made, created={"pv": name})
+
+
 def vg_present(name, pvs):
     """The VG ``name`` exists: ``vgcreate`` over the pillar's ``pvs`` if it does not."""
     ret = _ret(name)
-    room = __salt__["hana_storage_host.vg_pvs"](name)
+    room = _read("vg_pvs", name)
     if "error" in room:
         return _done(ret, f"cannot read the PVs of {name}: {room['error']}", result=False)
     if room["pvs"]:
@@ -1184,7 +1230,7 @@ def vg_extended(name, pvs):
     even under test=True, so it only creates the VG here.
     """
     ret = _ret(name)
-    room = __salt__["hana_storage_host.vg_pvs"](name)
+    room = _read("vg_pvs", name)
     if "error" in room:
         return _done(ret, f"cannot read the PVs of {name}: {room['error']}", result=False)
     if not room["pvs"]:

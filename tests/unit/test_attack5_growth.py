@@ -318,9 +318,9 @@ def test_test_mode_does_not_add_a_new_device_to_the_vg(tmp_path, salt_functions,
     devices = ["/dev/mapper/mpatha", "/dev/mapper/mpathb", "/dev/mapper/mpathc", "/dev/mapper/mpathd"]
     steps = lv_steps(tmp_path, {"devices": devices, "stripes": 2, "stripe_size": 64})
     existing(salt_functions)
+    salt_functions["hana_storage_host.vg_pvs"] = lambda vg: {"pvs": devices[:2]}
     assert states.vg_present(**step_args(steps["hana-storage-data-vg"]["hana_storage.vg_present"]))["result"]
     extended = step_args(steps["hana-storage-data-vg-extended"]["hana_storage.vg_extended"])
-    salt_functions["hana_storage_host.vg_pvs"] = lambda vg: {"pvs": devices[:2]}
     salt_functions["cmd.run_all"].side_effect = None
     ret = states.vg_extended(**extended)
     assert (

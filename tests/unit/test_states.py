@@ -2431,9 +2431,60 @@ def test_vg_present_creates_only_a_vg_that_does_not_exist(salt_functions):
     salt_functions["hana_storage_host.vg_pvs"] = lambda vg: {"pvs": ["/dev/sda"]}
     ret = states.vg_present("vg_hana_data", ["/dev/sda", "/dev/sdb"])
     assert ret["result"] is True and not ret["changes"] and not ran  # sdb: vg_extended's
+    states._forget_reads()  # the next scenario is a run of its own
     salt_functions["hana_storage_host.vg_pvs"] = lambda vg: {"error": "pvs: locking failed"}
     ret = states.vg_present("vg_hana_data", ["/dev/sda"])
     assert ret["result"] is False and "locking failed" in ret["comment"] and not ran
+
+
+def test_pv_present_makes_only_a_device_that_is_no_pv_one(salt_functions, tmp_path):
+    ran = lvm_commands(salt_functions)
+    new = tmp_path / "sdc"
+    new.write_bytes(b"")
+    salt_functions["hana_storage_host.pv_names"] = lambda: {"pvs": ["/dev/sda"]}
+    assert states.pv_present("/dev/sda") == {
+        "name": "/dev/sda", "changes": {}, "result": True, "comment": "/dev/sda is a PV"
+    }  # fmt: skip
+    ret = states.pv_present(str(new))
+    assert ret["result"] is True and ret["changes"] == {"created": {"pv": str(new)}}
+    assert ran == [["pvcreate", "--yes", str(new)]]
+    ret = states.pv_present(str(tmp_path / "gone"))
+    assert ret["result"] is False and "does not exist" in ret["comment"] and len(ran) == 1
+    states._forget_reads()  # a run of its own
+    salt_functions["hana_storage_host.pv_names"] = lambda: {"error": "pvs exited 5: locking failed"}
+    ret = states.pv_present(str(new))
+    assert ret["result"] is False and "locking failed" in ret["comment"] and len(ran) == 1
+
+
+def test_pv_present_in_test_mode_says_what_it_would_run(salt_functions, dry_run):
+    ran = lvm_commands(salt_functions)
+    salt_functions["hana_storage_host.pv_names"] = lambda: {"pvs": []}
+    ret = states.pv_present("/dev/mapper/hana_log_0")  # below LVM: not opened yet
+    assert ret["result"] is None and ret["comment"] == "would run pvcreate --yes /dev/mapper/hana_log_0"
+    assert not ran
+
+
+def test_one_run_reads_each_lvm_report_once_until_it_changes_something(salt_functions, tmp_path):
+    """Salt's pv_present ran `pvdisplay` for every PV of every apply; here the PV, VG and LV steps
+    of a run share their reports, read again after any command the run ran."""
+    ran, asked = lvm_commands(salt_functions), []
+    salt_functions["hana_storage_host.pv_names"] = lambda: (
+        asked.append("pvs") or {"pvs": ["/dev/sda", "/dev/sdb"]}
+    )
+    salt_functions["hana_storage_host.vg_pvs"] = lambda vg: (
+        asked.append(vg) or {"pvs": ["/dev/sda", "/dev/sdb"]}
+    )
+    for pv in ("/dev/sda", "/dev/sdb"):
+        assert states.pv_present(pv)["result"] is True
+    assert states.vg_present("vg_hana_data", ["/dev/sda", "/dev/sdb"])["comment"].startswith("volume group")
+    assert states.vg_extended("vg_hana_data", ["/dev/sda", "/dev/sdb"])["result"] is True
+    assert asked == ["pvs", "vg_hana_data"] and not ran
+    new = tmp_path / "sdc"
+    new.write_bytes(b"")
+    assert states.pv_present(str(new))["changes"]  # pvcreate: what was read may have changed
+    assert states.pv_present("/dev/sda")["result"] is True
+    assert states.vg_extended("vg_hana_data", ["/dev/sda", "/dev/sdb"])["result"] is True
+    assert asked == ["pvs", "vg_hana_data", "pvs", "vg_hana_data"]
 
 
 def test_vg_present_in_test_mode_says_what_it_would_run(salt_functions, dry_run):

@@ -1,8 +1,8 @@
 # -*- coding: utf-8 -*-
 # vim: ft=sls
 # PVs, VG and one striped LV per volume: on the disks (above LVM) or on the opened LUKS devices
-# (below LVM). Salt's pv_present makes the PVs, the formula's vg_present and lv_present create
-# the VG and the LV on the pillar's PVs only; an existing VG or LV grows through vg_extended and
+# (below LVM). The formula's pv_present, vg_present and lv_present make the PVs, then the VG
+# and the LV on the pillar's PVs only; an existing VG or LV grows through vg_extended and
 # lv_extended, in the LV's own stripes (_states/hana_storage.py says why not Salt's states).
 ---
 {%- from "hana/storage/map.jinja" import hana_storage with context %}
@@ -12,7 +12,7 @@
 {%-     for pv in volume.pvs %}
 
 hana-storage-{{ name }}-pv-{{ loop.index0 }}:
-  lvm.pv_present:
+  hana_storage.pv_present:
     - name: {{ pv }}
     - require:
       - hana_storage: hana-storage-{{ name }}-{{ 'guard' if above else 'inside-' ~ loop.index0 }}
@@ -24,7 +24,7 @@ hana-storage-{{ name }}-vg:
     - pvs: {{ volume.pvs | json }}
     - require:
 {%-     for pv in volume.pvs %}
-      - lvm: hana-storage-{{ name }}-pv-{{ loop.index0 }}
+      - hana_storage: hana-storage-{{ name }}-pv-{{ loop.index0 }}
 {%-     endfor %}
 
 hana-storage-{{ name }}-vg-extended:
