@@ -132,9 +132,15 @@ def lv_geometry(lv_paths):
     return {path: {**entry, "pvs": len(entry["pvs"])} for path, entry in found.items()}
 
 
+def dm_suspended(path):
+    """Whether the device-mapper device at ``path`` is suspended now (a multipath map while
+    multipathd reloads it, a crypt mapping during a resize); False for any other device."""
+    return _read(f"{SYSFS_BLOCK}/{_kernel_name(path)}/dm/suspended").strip() == "1"
+
+
 def pv_names():
     """{"pvs": [the device of every PV, as `pvs` names it]} or {"error": ...}: for
-    hana_storage.pv_present."""
+    hana_storage.pv_present. A PV on a suspended device is left out (its reads would block)."""
     text, error = _run(core.lvm.pvs_command())
     if error:
         return {"error": error}
@@ -290,8 +296,14 @@ def _mounts():
 
 
 def _run(argv):
-    """Run a read-only command; (stdout, error or None). Output is never logged."""
-    result = __salt__["cmd.run_all"](argv, python_shell=False, output_loglevel="quiet", ignore_retcode=True)
+    """Run a read-only command; (stdout, error or None). Output is never logged. A program that
+    cannot be started (lvm2 not installed yet) is an error, not an exception."""
+    try:
+        result = __salt__["cmd.run_all"](
+            argv, python_shell=False, output_loglevel="quiet", ignore_retcode=True
+        )
+    except CommandExecutionError as error:
+        return None, f"cannot run {argv[0]}: {error}"[:300]
     if result["retcode"]:
         return None, f"{argv[0]} exited {result['retcode']}: {result['stderr'].strip()[:300]}"
     return result["stdout"], None

@@ -106,13 +106,13 @@ SCRATCH = "/run/hana-storage/scratch"  # a ramfs: what Clevis copies of a header
 
 
 def _run_clevis(argv):
-    _forget_reads()
     """Run a Clevis command with a private TMPDIR on a root-only ramfs, removed afterwards.
 
     ``clevis luks bind`` copies the whole LUKS header into a ``mktemp -d`` and leaves it there
     when killed: under /tmp that is a header on a disk (with a revoked key's keyslot, during a
     rotation). A directory a killed run left on the ramfs is removed by the next run; a reboot
     empties the ramfs."""
+    _forget_reads()
     try:
         _ramfs(SCRATCH)
         for stale in os.listdir(SCRATCH):
@@ -1161,9 +1161,22 @@ def pv_present(name):
     """``name`` is an LVM PV: ``pvcreate --yes`` if it is not, as Salt's ``lvm.pv_present`` does
     (the guard before this step proved the device blank, the volume's own, or the pillar's to
     format; LVM itself refuses a PV that belongs to a VG). One `pvs` serves every PV step of the
-    run where Salt's ran `pvdisplay` for each, and four LVM commands to create one."""
+    run where Salt's ran `pvdisplay` for each, and four LVM commands to create one; a device
+    the report does not list is read again before anything is written."""
     ret = _ret(name)
     found = _read("pv_names")
+    if "error" not in found and _real(name) not in {_real(pv) for pv in found["pvs"]}:
+        # "no PV" in a report that leaves out suspended devices, maybe read long before this
+        # step: proven afresh, on a device that is not suspended now
+        if __salt__["hana_storage_host.dm_suspended"](name):
+            return _done(
+                ret,
+                f"{name} is suspended (multipathd reloading it?): not telling whether it is a PV "
+                "yet; nothing was changed, run again",
+                result=False,
+            )
+        _forget_reads()
+        found = _read("pv_names")
     if "error" in found:
         return _done(ret, f"cannot read the PVs: {found['error']}", result=False)
     if _real(name) in {_real(pv) for pv in found["pvs"]}:

@@ -49,6 +49,7 @@ def salt_functions(marks):
         "hana_storage_host.luks_header": MagicMock(return_value={"uuid": "u-1", "flags": [], "tokens": []}),
         "hana_storage_host.dm_tables": MagicMock(return_value={}),
         "hana_storage_host.block_bytes": MagicMock(return_value=None),
+        "hana_storage_host.dm_suspended": MagicMock(return_value=False),
         "hana_storage.validate_pillar": MagicMock(return_value=[]),
         "lvm.lvdisplay": MagicMock(return_value={}),
         "cmd.run_all": MagicMock(return_value={"retcode": 0, "stdout": "", "stderr": ""}),
@@ -2481,10 +2482,11 @@ def test_one_run_reads_each_lvm_report_once_until_it_changes_something(salt_func
     assert asked == ["pvs", "vg_hana_data"] and not ran
     new = tmp_path / "sdc"
     new.write_bytes(b"")
-    assert states.pv_present(str(new))["changes"]  # pvcreate: what was read may have changed
+    # not listed: read again before pvcreate; after it, what was read may have changed
+    assert states.pv_present(str(new))["changes"]
     assert states.pv_present("/dev/sda")["result"] is True
     assert states.vg_extended("vg_hana_data", ["/dev/sda", "/dev/sdb"])["result"] is True
-    assert asked == ["pvs", "vg_hana_data", "pvs", "vg_hana_data"]
+    assert asked == ["pvs", "vg_hana_data", "pvs", "pvs", "vg_hana_data"]
 
 
 def test_vg_present_in_test_mode_says_what_it_would_run(salt_functions, dry_run):
