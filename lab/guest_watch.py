@@ -2,6 +2,8 @@
 
     guest_watch.py snapshot PATH...                  what PATH... hold now, one line each
     guest_watch.py kill PID changed SNAPSHOT PATH... once PATH... differ from SNAPSHOT's lines
+    guest_watch.py argv OUT STOP                     every process's argv, one line per process
+                                                     and poll, into OUT until the file STOP exists
     guest_watch.py kill PID holds TEST...            once every TEST holds:
         luks:DEV    DEV starts with the LUKS magic       pv:DEV     `pvs DEV` lists it
         exists:PATH PATH exists                          xfs:DEV    DEV holds a finished XFS
@@ -101,9 +103,39 @@ def kill_when(pid, done):
         print("ENDED")
 
 
+ARGV_POLL_SECONDS = 0.1
+
+
+def argvs():
+    """The argv of every process but the kernel's threads (an empty cmdline), one line each."""
+    lines = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                    raw = cmdline.read()
+            except OSError:  # ended meanwhile
+                continue
+            if raw:
+                lines.append(raw.replace(b"\0", b" ").decode(errors="replace").strip())
+    return lines
+
+
+def sample_argv(out, stop):
+    """What the tests search for key material in argv. In one process: the shell loop it replaced
+    (cat, tr and sleep each poll) kept a whole vCPU of the emulated guest busy."""
+    with open(out, "a") as handle:
+        while not os.path.exists(stop):
+            handle.write("\n".join(argvs()) + "\n")
+            handle.flush()
+            time.sleep(ARGV_POLL_SECONDS)
+
+
 def main(argv):
     if argv[:1] == ["snapshot"]:
         sys.stdout.write(snapshot(argv[1:]))
+    elif argv[:1] == ["argv"] and len(argv) == 3:
+        sample_argv(argv[1], argv[2])
     elif argv[:1] == ["kill"] and len(argv) > 3 and argv[2] == "changed":
         pid, before, paths = int(argv[1]), open(argv[3]).read(), argv[4:]  # noqa: SIM115
         kill_when(pid, lambda: snapshot(paths) != before)

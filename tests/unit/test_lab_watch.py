@@ -5,6 +5,7 @@ process group of a running apply or reports one that ended first."""
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -87,3 +88,22 @@ def test_an_apply_that_ends_first_is_reported_not_killed(tmp_path):
     # not reaped until wait(): a zombie, as an ended apply is until the lab's Salt server reaps it
     assert watch("kill", str(apply.pid), "changed", str(snapshot), str(tmp_path / "x")) == "ENDED"
     apply.wait()
+
+
+def test_argv_sampling_sees_a_running_process_and_stops_on_its_file(tmp_path):
+    marker = "hana-storage-argv-marker-0123"
+    sleeper = subprocess.Popen(["sh", "-c", "sleep 30", marker])
+    out, stop = tmp_path / "cmdlines.txt", tmp_path / "stop"
+    sampler = subprocess.Popen(
+        [sys.executable, str(REPO / "lab" / "guest_watch.py"), "argv", str(out), str(stop)]
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while marker not in (out.read_text() if out.exists() else "") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert f"sh -c sleep 30 {marker}" in out.read_text()
+        stop.write_text("")
+        assert sampler.wait(timeout=10) == 0
+    finally:
+        sleeper.kill()
+        sampler.kill()

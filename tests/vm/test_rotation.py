@@ -161,12 +161,7 @@ def test_test_mode_says_what_the_rotation_would_do_and_changes_nothing(vm, keys)
 def test_a_rotation_killed_after_each_step_always_leaves_devices_that_open(vm, keys):
     vm.set_pillar(storage(vm, keys, rotating=True))
     # every process's argv, sampled while the rotation runs: a key must never be in one
-    vm.run(
-        "(while [ ! -e /run/stop-sampling ]; do cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '; echo; "
-        "sleep 0.2; done) >/run/cmdlines.txt 2>&1 &",
-        check=True,
-        echo=False,
-    )
+    vm.run(f"{WATCH} argv /run/cmdlines.txt /run/stop-sampling >/dev/null 2>&1 &", check=True, echo=False)
     try:
         steps = rotate_killing_after_each_step(vm)
     finally:
