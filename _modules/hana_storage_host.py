@@ -117,7 +117,7 @@ def lv_geometry(lv_paths):
     wanted = {tuple(path.split("/")[2:4]): path for path in lv_paths if path.count("/") == 3}
     if not wanted:
         return {}
-    segments = _read_lvm_segments()
+    segments = _kept("lvs", _read_lvm_segments)
     if not isinstance(segments, list):
         return {}  # no LVM here: nothing to grow
     found = {}
@@ -138,33 +138,61 @@ def dm_suspended(path):
     return _read(f"{SYSFS_BLOCK}/{_kernel_name(path)}/dm/suspended").strip() == "1"
 
 
-def pv_names():
-    """{"pvs": [the device of every PV, as `pvs` names it]} or {"error": ...}: for
-    hana_storage.pv_present. A PV on a suspended device is left out (its reads would block)."""
-    text, error = _run(core.lvm.pvs_command())
+def _kept(kind, read):
+    """``read()``: a report of ``kind`` ("pvs", "lvs"), or the one this state run read already
+    and kept (lvm.RUN_REPORTS: each PV, VG and LV step of every volume, and each volume's guard,
+    asks the same, and on a host with many LUNs each report scans all of them). An error is
+    never kept."""
+    kept = globals().get("__context__", {}).get(core.lvm.RUN_REPORTS)
+    if kept is None:  # not in a state run
+        return read()
+    if kind not in kept:
+        found = read()
+        if isinstance(found, dict) and "error" in found:
+            return found
+        kept[kind] = found
+    return kept[kind]
+
+
+def _read_pv_room():
+    """Every PV with its VG and extents (one `pvs`), or {"error": ...}. A PV on a suspended
+    device is left out (its reads would block)."""
+    if not salt.utils.path.which("pvs"):
+        return {"error": "pvs not found (lvm2 not installed)"}
+    text, error = _run(core.lvm.pv_room_command())
     if error:
         return {"error": error}
     try:
-        return {"pvs": [pv["pv"] for pv in core.lvm.parse_pvs(text)]}
+        return core.lvm.parse_pv_room(text)
     except ValueError as err:
         return {"error": str(err)}
+
+
+def _pv_room(vg=None):
+    """The PVs (of ``vg``, or all) from the run's kept `pvs`: a list, or {"error": ...}."""
+    pvs = _kept("pvs", _read_pv_room)
+    if not isinstance(pvs, list):
+        return pvs
+    return [p for p in pvs if vg is None or p["vg"] == vg]
+
+
+def pv_names():
+    """{"pvs": [the device of every PV, as `pvs` names it]} or {"error": ...}: for
+    hana_storage.pv_present. A PV on a suspended device is left out (its reads would block)."""
+    pvs = _pv_room()
+    return {"pvs": [p["pv"] for p in pvs]} if isinstance(pvs, list) else pvs
 
 
 def vg_pvs(vg):
     """{"pvs": [the PVs of ``vg``]} or {"error": ...}: for hana_storage.vg_extended."""
-    text, error = _run(core.lvm.pv_room_command(vg))
-    if error:
-        return {"error": error}
-    try:
-        return {"pvs": [p["pv"] for p in core.lvm.parse_pv_room(text)]}
-    except ValueError as err:
-        return {"error": str(err)}
+    pvs = _pv_room(vg)
+    return {"pvs": [p["pv"] for p in pvs]} if isinstance(pvs, list) else pvs
 
 
 def lv_segments(lv_path):
     """{"segments": [the segments of the LV /dev/<vg>/<lv>]} (none: no such LV) or {"error": ...}."""
     vg, lv = lv_path.split("/")[2:4]
-    segments = _read_lvm_segments()
+    segments = _kept("lvs", _read_lvm_segments)
     if not isinstance(segments, list):
         return segments
     return {"segments": [s for s in segments if (s["vg"], s["lv"]) == (vg, lv)]}
@@ -176,14 +204,8 @@ def lv_room(lv_path):
     found = lv_segments(lv_path)
     if "error" in found:
         return found
-    text, error = _run(core.lvm.pv_room_command(lv_path.split("/")[2]))
-    if error:
-        return {"error": error}
-    try:
-        pvs = core.lvm.parse_pv_room(text)
-    except ValueError as err:
-        return {"error": str(err)}
-    return {**found, "pvs": pvs}
+    pvs = _pv_room(lv_path.split("/")[2])
+    return {**found, "pvs": pvs} if isinstance(pvs, list) else pvs
 
 
 def path_facts(paths):
@@ -782,18 +804,12 @@ def mounted_at(mountpoint):
 
 
 def _pv_groups():
-    """{kernel name of a PV: its VG ('' for an orphan PV)} from one `pvs`."""
-    if not salt.utils.path.which("pvs"):
+    """{kernel name of a PV: its VG ('' for an orphan PV)} from one `pvs` (the state run's)."""
+    pvs = _pv_room()
+    if not isinstance(pvs, list):
+        log.warning("hana_storage: the PVs are not known: %s", pvs["error"])
         return {}
-    text, error = _run(core.lvm.pvs_command())
-    if error:
-        log.warning("hana_storage: pvs failed: %s", error)
-        return {}
-    try:
-        return {_kernel_name(pv["pv"]): pv["vg"] for pv in core.lvm.parse_pvs(text)}
-    except ValueError as err:
-        log.warning("hana_storage: pvs output unreadable: %s", err)
-        return {}
+    return {_kernel_name(pv["pv"]): pv["vg"] for pv in pvs}
 
 
 def _lvm_scans():

@@ -38,6 +38,11 @@ def __virtual__():
 
 
 def _ret(name):
+    """A step's return. Every step starts here, and so keeps the LVM reports it reads for the
+    steps after it (lvm.RUN_REPORTS), until a step runs a command."""
+    context = globals().get("__context__")
+    if context is not None:
+        context.setdefault(core.lvm.RUN_REPORTS, {})
     return {"name": name, "changes": {}, "result": True, "comment": ""}
 
 
@@ -62,30 +67,11 @@ def _change(ret, argv, failed, done, **changes):
     return _done(ret, done, **changes)
 
 
-# LVM reports read by the steps of one state run, kept until the run changes something: each
-# PV, VG and LV step of every volume asks the same `pvs`, and on a host with many LUNs each
-# report scans all of them. They live in the run's __context__ (Salt gives each state run a
-# copy of its own), so nothing outlives the run.
-READS = "hana_storage.lvm_reads"
-
-
-def _read(function, *args):
-    """``hana_storage_host.<function>(*args)``, once per state run until the run changes something."""
-    context = globals().get("__context__")
-    reads = context.setdefault(READS, {}) if context is not None else {}
-    key = (function, args)
-    if key not in reads:
-        found = __salt__[f"hana_storage_host.{function}"](*args)
-        if "error" in found:
-            return found
-        reads[key] = found
-    return reads[key]
-
-
 def _forget_reads():
+    """Whatever a command changed, the LVM reports are read again (lvm.RUN_REPORTS)."""
     context = globals().get("__context__")
     if context is not None:
-        context.pop(READS, None)
+        context[core.lvm.RUN_REPORTS] = {}
 
 
 def _run(argv):
@@ -1164,7 +1150,7 @@ def pv_present(name):
     run where Salt's ran `pvdisplay` for each, and four LVM commands to create one; a device
     the report does not list is read again before anything is written."""
     ret = _ret(name)
-    found = _read("pv_names")
+    found = __salt__["hana_storage_host.pv_names"]()
     if "error" not in found and _real(name) not in {_real(pv) for pv in found["pvs"]}:
         # "no PV" in a report that leaves out suspended devices, maybe read long before this
         # step: proven afresh, on a device that is not suspended now
@@ -1176,7 +1162,7 @@ def pv_present(name):
                 result=False,
             )
         _forget_reads()
-        found = _read("pv_names")
+        found = __salt__["hana_storage_host.pv_names"]()
     if "error" in found:
         return _done(ret, f"cannot read the PVs: {found['error']}", result=False)
     if _real(name) in {_real(pv) for pv in found["pvs"]}:
@@ -1190,7 +1176,7 @@ def pv_present(name):
 def vg_present(name, pvs):
     """The VG ``name`` exists: ``vgcreate`` over the pillar's ``pvs`` if it does not."""
     ret = _ret(name)
-    room = _read("vg_pvs", name)
+    room = __salt__["hana_storage_host.vg_pvs"](name)
     if "error" in room:
         return _done(ret, f"cannot read the PVs of {name}: {room['error']}", result=False)
     if room["pvs"]:
@@ -1243,7 +1229,7 @@ def vg_extended(name, pvs):
     even under test=True, so it only creates the VG here.
     """
     ret = _ret(name)
-    room = _read("vg_pvs", name)
+    room = __salt__["hana_storage_host.vg_pvs"](name)
     if "error" in room:
         return _done(ret, f"cannot read the PVs of {name}: {room['error']}", result=False)
     if not room["pvs"]:

@@ -9,6 +9,11 @@ import re
 
 LVS_FIELDS = "lv_name,vg_name,lv_uuid,lv_dm_path,segtype,stripes,stripe_size,seg_start,seg_size,devices"
 PVS_FIELDS = "pv_name,vg_name,pv_uuid,dev_size,pv_size"
+# Where a state run keeps the LVM reports it read, in its __context__ (Salt gives each run a
+# copy of its own): the formula's states open it at each step and empty it whenever a step runs
+# a command; the host module reads through it. Outside a state run it does not exist, and each
+# report is read afresh.
+RUN_REPORTS = "hana_storage.lvm_reports"
 _DEVICE = re.compile(r"^(?P<path>[^(),]+)\((?P<extent>\d+)\)$")
 
 
@@ -200,27 +205,29 @@ def lvcreate_command(lv_path, size, stripes, stripe_bytes, pvs):
 PV_ROOM_FIELDS = "pv_name,vg_name,pv_pe_count,pv_pe_alloc_count,pv_allocatable,vg_extent_size"
 
 
-def pv_room_command(vg):
-    """The `pvs` invocation parse_pv_room reads: the extents of each PV of ``vg``."""
-    return _report_command("pvs", PV_ROOM_FIELDS, "--select", f"vg_name={vg}")
+def pv_room_command():
+    """The `pvs` invocation parse_pv_room reads: every PV, its VG and its extents."""
+    return _report_command("pvs", PV_ROOM_FIELDS)
 
 
 def parse_pv_room(text):
-    """PVs of one VG: [{pv, vg, extents, free, allocatable, extent_bytes}] (free: extents not
-    allocated; allocatable: LVM may put new extents there, not after ``pvchange -x n``)."""
+    """PVs: [{pv, vg, extents, free, allocatable, extent_bytes}] (vg '' for an orphan PV, which
+    has no extents yet; free: extents not allocated; allocatable: LVM may put new extents there,
+    not after ``pvchange -x n``)."""
     rooms = []
     for index, row in enumerate(_rows(text, "pv")):
         where = f"pv {index}"
         extents, allocated = _integer(row, "pv_pe_count", where), _integer(row, "pv_pe_alloc_count", where)
         if allocated > extents:
             raise LvmReportError(f"{where}: {allocated} extents allocated of {extents}")
+        vg = _string(row, "vg_name", where)
         extent_bytes = _integer(row, "vg_extent_size", where)
-        if extent_bytes <= 0:
+        if extent_bytes <= 0 and vg:  # an orphan PV reports 0: its extents come with a VG
             raise LvmReportError(f"{where}: no extent size")
         rooms.append(
             {
                 "pv": _string(row, "pv_name", where),
-                "vg": _string(row, "vg_name", where),
+                "vg": vg,
                 "extents": extents,
                 "free": extents - allocated,
                 "allocatable": _string(row, "pv_allocatable", where) == "allocatable",

@@ -55,8 +55,27 @@ class Lvm:
     event, a crypt mapping during ``cryptsetup refresh``/``resize``. Any other command is
     recorded in ``ran``; ``pvcreate`` answers as LVM 2.03.16 does."""
 
-    def __init__(self, owner):
-        self.owner, self.suspended, self.ran = dict(owner), set(), []
+    def __init__(self, owner, segments=()):
+        self.owner, self.suspended, self.ran, self.reports = dict(owner), set(), [], []
+        self.segments = list(segments)  # [{vg, lv, devices}]: one striped segment each
+
+    def _lvs(self):
+        rows = [
+            {
+                "lv_name": s["lv"],
+                "vg_name": s["vg"],
+                "lv_uuid": f"uuid-{s['lv']}",
+                "lv_dm_path": f"/dev/mapper/{s['vg']}-{s['lv']}",
+                "segtype": "striped",
+                "stripes": str(len(s["devices"])),
+                "stripe_size": "65536",
+                "seg_start": "0",
+                "seg_size": str(len(s["devices"]) * 255 * (4 << 20)),
+                "devices": ",".join(f"{d}(0)" for d in s["devices"]),
+            }
+            for s in self.segments
+        ]
+        return json.dumps({"report": [{"seg": rows}]})
 
     def _pvs(self, argv):
         skipped = self.suspended if IGNORE_SUSPENDED in argv else set()
@@ -79,8 +98,13 @@ class Lvm:
         return json.dumps({"report": [{"pv": rows}]})
 
     def run_all(self, argv, **kwargs):
-        if argv[0] == "pvs":
-            return {"retcode": 0, "stdout": self._pvs(argv), "stderr": ""}
+        if argv[0] in ("pvs", "lvs"):
+            self.reports.append(argv[0])
+            return {
+                "retcode": 0,
+                "stdout": self._pvs(argv) if argv[0] == "pvs" else self._lvs(),
+                "stderr": "",
+            }
         self.ran.append(list(argv))
         if argv[0] == "pvcreate":
             pv = argv[-1]
@@ -90,13 +114,15 @@ class Lvm:
         return {"retcode": 0, "stdout": "", "stderr": ""}
 
 
-def on_lvm(salt_functions, host, monkeypatch, owner):
-    """The states and the host module run their commands on one ``Lvm``; the devices exist."""
-    lvm_host = Lvm(owner)
+def on_lvm(salt_functions, host, monkeypatch, owner, segments=()):
+    """The states and the host module run their commands on one ``Lvm``; the devices exist. As
+    in a state run, the host module's functions share the states' __context__."""
+    lvm_host = Lvm(owner, segments)
     monkeypatch.setattr(host, "__salt__", {"cmd.run_all": lvm_host.run_all}, raising=False)
+    monkeypatch.setattr(host, "__context__", states.__context__, raising=False)
     salt_functions["cmd.run_all"].side_effect = lvm_host.run_all
-    salt_functions["hana_storage_host.pv_names"] = host.pv_names
-    salt_functions["hana_storage_host.vg_pvs"] = host.vg_pvs
+    for name in ("pv_names", "vg_pvs", "lv_segments", "lv_room"):
+        salt_functions[f"hana_storage_host.{name}"] = getattr(host, name)
     salt_functions["hana_storage_host.dm_suspended"] = lambda path: path in lvm_host.suspended
     fake_paths(monkeypatch, present=MPATH)
     return lvm_host
@@ -156,6 +182,41 @@ def test_a_suspension_seen_by_one_pv_step_is_not_kept_for_the_rest_of_the_run(
         f"pvcreate --yes on a live PV of vg_hana_log from a report read before its map resumed: "
         f"{pvcreates(lvm_host)} ({results})"
     )
+
+
+def test_one_run_reads_each_lvm_report_once_until_it_changes_something(salt_functions, host, monkeypatch):
+    """Salt's pv_present ran `pvdisplay` for every PV of every apply, and each PV, VG and LV step
+    and each volume's guard read its own `pvs` or `lvs`: two dozen LVM scans of every device for
+    an apply with nothing to do. The steps of one run share one `pvs` and one `lvs`, read again
+    after any command the run ran."""
+    vg, lv = "vg_hana_data", "/dev/vg_hana_data/lv_hana_data"
+    segment = {"vg": vg, "lv": "lv_hana_data", "devices": MPATH[:2]}
+    lvm_host = on_lvm(salt_functions, host, monkeypatch, dict.fromkeys(MPATH[:2], vg), [segment])
+    for pv in MPATH[:2]:
+        assert states.pv_present(pv)["result"] is True
+    assert host._pv_groups() == {"mpatha": vg, "mpathb": vg}  # the next volume's guard
+    assert states.vg_present(vg, MPATH[:2])["result"] is True
+    assert states.vg_extended(vg, MPATH[:2])["changes"] == {}
+    assert states.lv_present(lv, "100%FREE", 2, 64, MPATH[:2])["result"] is True
+    grown = states.lv_extended(lv, 2, 64, "100%FREE", MPATH[:2])
+    assert grown["result"] is True and not grown["changes"], grown
+    assert lvm_host.reports == ["pvs", "lvs"] and not lvm_host.ran
+    # a new PV: not listed, so read again before pvcreate; after it, what was read may have changed
+    assert states.pv_present(MPATH[2])["changes"]
+    assert states.vg_extended(vg, MPATH[:3])["changes"]
+    assert lvm_host.reports == ["pvs", "lvs", "pvs", "pvs"]
+    assert [argv[0] for argv in lvm_host.ran] == ["pvcreate", "vgextend"]
+
+
+def test_outside_a_state_run_each_report_is_read_afresh(host, monkeypatch):
+    """The audit, the beacon and a remediation's checks read through the same functions; only a
+    state run keeps what it read (a minion's own __context__ lives as long as the minion)."""
+    lvm_host = Lvm(dict.fromkeys(MPATH[:2], "vg_hana_data"))
+    monkeypatch.setattr(host, "__salt__", {"cmd.run_all": lvm_host.run_all}, raising=False)
+    for _ in range(2):
+        assert host.vg_pvs("vg_hana_data") == {"pvs": MPATH[:2]}
+        assert host.lv_segments("/dev/vg_hana_data/lv_hana_data") == {"segments": []}
+    assert lvm_host.reports == ["pvs", "lvs", "pvs", "lvs"]
 
 
 # ---- 2. pvs that cannot be run ------------------------------------------------------------------

@@ -2465,30 +2465,6 @@ def test_pv_present_in_test_mode_says_what_it_would_run(salt_functions, dry_run)
     assert not ran
 
 
-def test_one_run_reads_each_lvm_report_once_until_it_changes_something(salt_functions, tmp_path):
-    """Salt's pv_present ran `pvdisplay` for every PV of every apply; here the PV, VG and LV steps
-    of a run share their reports, read again after any command the run ran."""
-    ran, asked = lvm_commands(salt_functions), []
-    salt_functions["hana_storage_host.pv_names"] = lambda: (
-        asked.append("pvs") or {"pvs": ["/dev/sda", "/dev/sdb"]}
-    )
-    salt_functions["hana_storage_host.vg_pvs"] = lambda vg: (
-        asked.append(vg) or {"pvs": ["/dev/sda", "/dev/sdb"]}
-    )
-    for pv in ("/dev/sda", "/dev/sdb"):
-        assert states.pv_present(pv)["result"] is True
-    assert states.vg_present("vg_hana_data", ["/dev/sda", "/dev/sdb"])["comment"].startswith("volume group")
-    assert states.vg_extended("vg_hana_data", ["/dev/sda", "/dev/sdb"])["result"] is True
-    assert asked == ["pvs", "vg_hana_data"] and not ran
-    new = tmp_path / "sdc"
-    new.write_bytes(b"")
-    # not listed: read again before pvcreate; after it, what was read may have changed
-    assert states.pv_present(str(new))["changes"]
-    assert states.pv_present("/dev/sda")["result"] is True
-    assert states.vg_extended("vg_hana_data", ["/dev/sda", "/dev/sdb"])["result"] is True
-    assert asked == ["pvs", "vg_hana_data", "pvs", "pvs", "vg_hana_data"]
-
-
 def test_vg_present_in_test_mode_says_what_it_would_run(salt_functions, dry_run):
     ran = lvm_commands(salt_functions)
     salt_functions["hana_storage_host.vg_pvs"] = lambda vg: {"pvs": []}
