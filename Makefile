@@ -17,14 +17,16 @@ demo: deps
 
 # Lint first (a fast failure); then the unit and integration tiers run beside the VM tier, the
 # critical path: their daemons mostly wait, while each emulated guest keeps about one core busy.
+# The VM tier's summary (which module failed, and why) is printed again last.
 test: deps lint
-	@mkdir -p build/test-logs; \
+	@mkdir -p build/test-logs; rm -f build/test-logs/vm-summary.txt; \
 	( $(MAKE) --no-print-directory test-unit && \
 	  $(MAKE) --no-print-directory test-integration; echo $$? >build/test-logs/beside.rc ) \
 	  >build/test-logs/beside.log 2>&1 & \
 	echo "== unit and integration tiers beside the VM tier (log: build/test-logs/beside.log)"; \
 	$(MAKE) --no-print-directory test-vm; vm=$$?; \
 	echo "== waiting for the unit and integration tiers"; wait; cat build/test-logs/beside.log; \
+	echo "== the VM tier, again"; cat build/test-logs/vm-summary.txt 2>/dev/null; \
 	[ $$vm = 0 ] && [ "$$(cat build/test-logs/beside.rc)" = 0 ]
 
 # unit and integration on every supported Salt line, each in its own venv (requirements/salt.in)
