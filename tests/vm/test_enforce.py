@@ -73,8 +73,7 @@ def dry_run(vm):
 def first_apply(vm, dry_run):
     # sample every process's argv while the apply runs: a key must never be in one
     vm.run(
-        "(while [ ! -e /run/stop-sampling ]; do cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '; echo; "
-        "sleep 0.05; done) >/run/cmdlines.txt 2>&1 &",
+        f"python3 {REPO}/lab/guest_watch.py argv /run/cmdlines.txt /run/stop-sampling >/dev/null 2>&1 &",
         check=True,
         echo=False,
     )

@@ -19,6 +19,7 @@ import pytest
 import yaml
 from tang_server import TangServer
 
+from tests.conftest import REPO
 from tests.vm.conftest import boot, boot_without_salt, close_storage
 
 pytestmark = pytest.mark.vm
@@ -71,8 +72,7 @@ def vm(request, tang):
 def built(vm):
     # every process's argv, sampled while clevis binds: a key must never be in one
     vm.run(
-        "(while [ ! -e /run/stop-sampling ]; do cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '; echo; "
-        "sleep 0.1; done) >/run/cmdlines.txt 2>&1 &",
+        f"python3 {REPO}/lab/guest_watch.py argv /run/cmdlines.txt /run/stop-sampling >/dev/null 2>&1 &",
         check=True,
         echo=False,
     )
