@@ -140,9 +140,10 @@ def dm_suspended(path):
 
 def _kept(kind, read):
     """``read()``: a report of ``kind`` ("pvs", "lvs"), or the one this state run read already
-    and kept (lvm.RUN_REPORTS: each PV, VG and LV step of every volume, and each volume's guard,
-    asks the same, and on a host with many LUNs each report scans all of them). An error is
-    never kept."""
+    and kept (lvm.RUN_REPORTS: each PV, VG and LV step of every volume asks the same, and on a
+    host with many LUNs each report scans all of them). An error is never kept. A kept report
+    may only tell a step that it has nothing to do: what a step acts on it reads afresh (the
+    states' _afresh), and the guard always does (_pv_groups)."""
     kept = globals().get("__context__", {}).get(core.lvm.RUN_REPORTS)
     if kept is None:  # not in a state run
         return read()
@@ -152,6 +153,13 @@ def _kept(kind, read):
             return found
         kept[kind] = found
     return kept[kind]
+
+
+def _keep(kind, found):
+    """A report just read, kept for the rest of the state run in place of an older one."""
+    kept = globals().get("__context__", {}).get(core.lvm.RUN_REPORTS)
+    if kept is not None and isinstance(found, list):
+        kept[kind] = found
 
 
 def _read_pv_room():
@@ -804,11 +812,15 @@ def mounted_at(mountpoint):
 
 
 def _pv_groups():
-    """{kernel name of a PV: its VG ('' for an orphan PV)} from one `pvs` (the state run's)."""
-    pvs = _pv_room()
+    """{kernel name of a PV: its VG ('' for an orphan PV)} from a `pvs` read now: the guard
+    decides what may be written from it, never from a report read earlier in the run (a PV
+    suspended then is missing from it). The steps after it read this one. {} when pvs failed:
+    every PV's VG is then unknown."""
+    pvs = _read_pv_room()
     if not isinstance(pvs, list):
         log.warning("hana_storage: the PVs are not known: %s", pvs["error"])
         return {}
+    _keep("pvs", pvs)
     return {_kernel_name(pv["pv"]): pv["vg"] for pv in pvs}
 
 

@@ -74,6 +74,15 @@ def _forget_reads():
         context[core.lvm.RUN_REPORTS] = {}
 
 
+def _afresh(function, *args):
+    """``hana_storage_host.<function>(*args)`` on LVM reports read now. The run's kept reports
+    may only say that a step has nothing to do: one may be minutes old, and blind to a device
+    that was suspended (a multipath map reloading) while it was read. What a step is about to
+    change, or to fail on, it proves on reports read now."""
+    _forget_reads()
+    return __salt__[f"hana_storage_host.{function}"](*args)
+
+
 def _run(argv):
     """Run a command; (ok, stderr). Command lines here never hold key material. A program that
     cannot be started (not installed) is a failed command, not an exception. Whatever it changed,
@@ -1161,8 +1170,7 @@ def pv_present(name):
                 "yet; nothing was changed, run again",
                 result=False,
             )
-        _forget_reads()
-        found = __salt__["hana_storage_host.pv_names"]()
+        found = _afresh("pv_names")
     if "error" in found:
         return _done(ret, f"cannot read the PVs: {found['error']}", result=False)
     if _real(name) in {_real(pv) for pv in found["pvs"]}:
@@ -1177,6 +1185,8 @@ def vg_present(name, pvs):
     """The VG ``name`` exists: ``vgcreate`` over the pillar's ``pvs`` if it does not."""
     ret = _ret(name)
     room = __salt__["hana_storage_host.vg_pvs"](name)
+    if "error" not in room and not room["pvs"]:
+        room = _afresh("vg_pvs", name)
     if "error" in room:
         return _done(ret, f"cannot read the PVs of {name}: {room['error']}", result=False)
     if room["pvs"]:
@@ -1191,6 +1201,8 @@ def lv_present(name, size, stripes, stripe_kib, pvs):
     ``stripe_kib`` on the pillar's ``pvs`` if it does not."""
     ret = _ret(name)
     found = __salt__["hana_storage_host.lv_segments"](name)
+    if "error" not in found and not found["segments"]:
+        found = _afresh("lv_segments", name)
     if "error" in found:
         return _done(ret, f"cannot read the LVs: {found['error']}", result=False)
     if found["segments"]:
@@ -1222,6 +1234,10 @@ def _real(path):
     return os.path.realpath(path)
 
 
+def _reals(paths):
+    return {_real(path) for path in paths}
+
+
 def vg_extended(name, pvs):
     """
     Every PV the pillar gives the volume is in its VG ``name``: ``vgextend`` with those that are
@@ -1230,6 +1246,8 @@ def vg_extended(name, pvs):
     """
     ret = _ret(name)
     room = __salt__["hana_storage_host.vg_pvs"](name)
+    if "error" not in room and (not room["pvs"] or not {_real(pv) for pv in pvs} <= _reals(room["pvs"])):
+        room = _afresh("vg_pvs", name)
     if "error" in room:
         return _done(ret, f"cannot read the PVs of {name}: {room['error']}", result=False)
     if not room["pvs"]:
@@ -1267,12 +1285,46 @@ def lv_extended(name, stripes, stripe_kib, size, pvs, devices=None):
     """
     ret = _ret(name)
     room = __salt__["hana_storage_host.lv_room"](name)
+    plan = _extension_plan(name, stripes, stripe_kib, size, pvs, devices, room)
+    if plan["action"] != "none":  # growing, or failing: proven on reports read now
+        room = _afresh("lv_room", name)
+        plan = _extension_plan(name, stripes, stripe_kib, size, pvs, devices, room)
+    if plan["action"] == "error":
+        return _done(ret, plan["reason"], result=False)
+    if plan["action"] == "refuse":
+        return _done(ret, f"not growing {name}: {plan['reason']}. Nothing was changed.", result=False)
+    if plan["action"] == "none":
+        return _done(ret, plan["reason"])
+    commands = "; ".join(" ".join(argv) for argv in plan["argv"])
+    if __opts__["test"]:
+        once = (
+            f" once {', '.join(plan['estimated'])} joined its VG (their room estimated)"
+            if plan["estimated"]
+            else ""
+        )
+        return _would(ret, f"would grow {name} online by {plan['adds_bytes']} bytes{once}: {commands}")
+    before = sum(segment["size"] for segment in room["segments"])
+    for argv in plan["argv"]:
+        ok, err = _run(argv)
+        if not ok:
+            return _done(ret, f"{' '.join(argv)} failed: {err}", result=False)
+    return _done(
+        ret,
+        f"grew {name} online: {commands}",
+        extended={"old": before, "new": before + plan["adds_bytes"], "stripes": stripes},
+    )
+
+
+def _extension_plan(name, stripes, stripe_kib, size, pvs, devices, room):
+    """lvm.extension's plan for the LV ``name`` from the reports in ``room`` (lv_room), with
+    "estimated": the PVs whose room test mode estimated; or {"action": "none"|"error", "reason"}
+    before there is anything to plan."""
     if "error" in room:
-        return _done(ret, f"cannot read the LVM layout of {name}: {room['error']}", result=False)
+        return {"action": "error", "reason": f"cannot read the LVM layout of {name}: {room['error']}"}
     if not room["segments"]:
         if __opts__["test"]:
-            return _done(ret, f"{name} is not created yet: nothing to grow")
-        return _done(ret, f"logical volume {name} does not exist", result=False)
+            return {"action": "none", "reason": f"{name} is not created yet: nothing to grow"}
+        return {"action": "error", "reason": f"logical volume {name} does not exist"}
     wanted = {_real(pv) for pv in pvs}
     usable = [p for p in room["pvs"] if p["allocatable"] and _real(p["pv"]) in wanted]
     estimated = []
@@ -1292,24 +1344,7 @@ def lv_extended(name, stripes, stripe_kib, size, pvs, devices=None):
             estimated.append(pv)
     lv = "/".join(name.split("/")[2:4])
     plan = core.lvm.extension(lv, stripes, stripe_kib * 1024, size, room["segments"], usable)
-    if plan["action"] == "refuse":
-        return _done(ret, f"not growing {name}: {plan['reason']}. Nothing was changed.", result=False)
-    if plan["action"] == "none":
-        return _done(ret, plan["reason"])
-    commands = "; ".join(" ".join(argv) for argv in plan["argv"])
-    if __opts__["test"]:
-        once = f" once {', '.join(estimated)} joined its VG (their room estimated)" if estimated else ""
-        return _would(ret, f"would grow {name} online by {plan['adds_bytes']} bytes{once}: {commands}")
-    before = sum(segment["size"] for segment in room["segments"])
-    for argv in plan["argv"]:
-        ok, err = _run(argv)
-        if not ok:
-            return _done(ret, f"{' '.join(argv)} failed: {err}", result=False)
-    return _done(
-        ret,
-        f"grew {name} online: {commands}",
-        extended={"old": before, "new": before + plan["adds_bytes"], "stripes": stripes},
-    )
+    return {**plan, "estimated": estimated}
 
 
 def _pending_in_this_run(state_id):

@@ -4,7 +4,9 @@ Pure code: decides from a probe the execution module made (``hana_storage.probe`
 A probe is ``{"device", "exists", "block", "signatures": [{"type", "usage"}], "pttype",
 "pv_vg", "luks": {"version", "uuid", "keyslots"} | None, "key_opens": bool | None,
 "key_error": str | None, "holders": [dm names], "mountpoints": [...], "data_at": int | None,
-"xfs": {...} | None, "lvm_sees_paths": [paths of a multipath map that LVM scans] | None (not known)}``. ``key_opens`` is False only when cryptsetup said "no key opens it" (its
+"xfs": {...} | None, "lvm_sees_paths": [paths of a multipath map that LVM scans] | None (not known)}``.
+``pv_vg`` of a device with an LVM label is its VG as `pvs` lists it ('' for an orphan PV), None
+when LVM did not list it. ``key_opens`` is False only when cryptsetup said "no key opens it" (its
 exit code 2); a key test that failed for any other reason (out of memory, busy, ...) leaves it
 None and says why in ``key_error``. ``data_at`` is the first byte offset where the sampled areas
 (start, LUKS2/LVM secondary areas, middle, end, and a spread of windows) hold a non-zero byte.
@@ -16,9 +18,25 @@ made on ``code``; ``reason`` is for people.
 """
 
 # Codes a wipe can never follow, whatever allow_format says: the device is live, absent, or
-# what is on it is not known (a key test that failed is not "the key does not open it").
+# what is on it is not known (a key test that failed is not "the key does not open it"; a PV
+# whose volume group LVM did not report may be one of this volume's own).
 NEVER_WIPE = frozenset(
-    {"missing", "not_block", "mounted", "held", "key_test_failed", "key_not_tested", "lvm_sees_paths"}
+    {
+        "missing",
+        "not_block",
+        "mounted",
+        "held",
+        "key_test_failed",
+        "key_not_tested",
+        "lvm_sees_paths",
+        "pv_vg_unknown",
+    }
+)
+PV_VG_UNKNOWN = (
+    "carries an LVM label, but LVM did not list it as a PV (pvs failed, the device was suspended "
+    "while LVM read, or LVM's filter or devices file hides it): which volume group it belongs to "
+    "is not known, so nothing is written. Run again; a PV LVM hides on purpose needs LVM to see "
+    "it (lvmdevices --adddev, the filter) or a wipe by hand"
 )
 
 
@@ -80,6 +98,8 @@ def _foreign_disk(volume, probe):
     if above and types == ["LVM2_member"]:
         if probe.get("pv_vg") in ("", volume["vg"]):  # orphan PV: an earlier, interrupted run
             return None
+        if probe.get("pv_vg") is None:
+            return "pv_vg_unknown", PV_VG_UNKNOWN
         return "foreign_pv", f"is a PV of volume group {probe.get('pv_vg')!r}"
     if not above and types == ["crypto_LUKS"]:
         if probe.get("holders"):  # only our own mapping, see above

@@ -114,14 +114,15 @@ class Lvm:
         return {"retcode": 0, "stdout": "", "stderr": ""}
 
 
-def on_lvm(salt_functions, host, monkeypatch, owner, segments=()):
-    """The states and the host module run their commands on one ``Lvm``; the devices exist. As
-    in a state run, the host module's functions share the states' __context__."""
-    lvm_host = Lvm(owner, segments)
+def on_lvm(salt_functions, host, monkeypatch, owner, segments=(), lvm_host=None):
+    """The states and the host module run their commands on one ``Lvm`` (``lvm_host``, or one
+    over ``owner`` and ``segments``); the devices exist. As in a state run, the host module's
+    functions share the states' __context__."""
+    lvm_host = lvm_host or Lvm(owner, segments)
     monkeypatch.setattr(host, "__salt__", {"cmd.run_all": lvm_host.run_all}, raising=False)
     monkeypatch.setattr(host, "__context__", states.__context__, raising=False)
     salt_functions["cmd.run_all"].side_effect = lvm_host.run_all
-    for name in ("pv_names", "vg_pvs", "lv_segments", "lv_room"):
+    for name in ("pv_names", "vg_pvs", "lv_segments", "lv_room", "lv_geometry"):
         salt_functions[f"hana_storage_host.{name}"] = getattr(host, name)
     salt_functions["hana_storage_host.dm_suspended"] = lambda path: path in lvm_host.suspended
     fake_paths(monkeypatch, present=MPATH)
@@ -187,24 +188,26 @@ def test_a_suspension_seen_by_one_pv_step_is_not_kept_for_the_rest_of_the_run(
 def test_one_run_reads_each_lvm_report_once_until_it_changes_something(salt_functions, host, monkeypatch):
     """Salt's pv_present ran `pvdisplay` for every PV of every apply, and each PV, VG and LV step
     and each volume's guard read its own `pvs` or `lvs`: two dozen LVM scans of every device for
-    an apply with nothing to do. The steps of one run share one `pvs` and one `lvs`, read again
-    after any command the run ran."""
+    an apply with nothing to do. The steps of one run share one `pvs` (the guard's, which it
+    reads afresh) and one `lvs`, read again after any command the run ran."""
     vg, lv = "vg_hana_data", "/dev/vg_hana_data/lv_hana_data"
     segment = {"vg": vg, "lv": "lv_hana_data", "devices": MPATH[:2]}
     lvm_host = on_lvm(salt_functions, host, monkeypatch, dict.fromkeys(MPATH[:2], vg), [segment])
+    states._ret("hana-storage-data-guard")  # a step opens the run's keeper
+    assert host._pv_groups() == {"mpatha": vg, "mpathb": vg}  # the guard reads pvs afresh, kept
     for pv in MPATH[:2]:
         assert states.pv_present(pv)["result"] is True
-    assert host._pv_groups() == {"mpatha": vg, "mpathb": vg}  # the next volume's guard
     assert states.vg_present(vg, MPATH[:2])["result"] is True
     assert states.vg_extended(vg, MPATH[:2])["changes"] == {}
     assert states.lv_present(lv, "100%FREE", 2, 64, MPATH[:2])["result"] is True
     grown = states.lv_extended(lv, 2, 64, "100%FREE", MPATH[:2])
     assert grown["result"] is True and not grown["changes"], grown
     assert lvm_host.reports == ["pvs", "lvs"] and not lvm_host.ran
-    # a new PV: not listed, so read again before pvcreate; after it, what was read may have changed
+    # a new PV: not listed, so read again before pvcreate; after it, what was read may have
+    # changed (read again), and vgextend acts on a report read at its step (read again)
     assert states.pv_present(MPATH[2])["changes"]
     assert states.vg_extended(vg, MPATH[:3])["changes"]
-    assert lvm_host.reports == ["pvs", "lvs", "pvs", "pvs"]
+    assert lvm_host.reports == ["pvs", "lvs", "pvs", "pvs", "pvs"]
     assert [argv[0] for argv in lvm_host.ran] == ["pvcreate", "vgextend"]
 
 

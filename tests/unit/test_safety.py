@@ -189,6 +189,21 @@ def test_allow_format_turns_refusal_into_wipe_but_never_for_live_devices():
     assert safety.disk_verdict(allowed, probe(lvm_sees_paths=["sda"]))["verdict"] == "refuse"
 
 
+def test_a_pv_whose_volume_group_lvm_did_not_report_is_never_wiped():
+    """blkid sees an LVM label, but `pvs` did not list the device (suspended while it read, pvs
+    failed, LVM's filter hides it): it may be a live PV of this very volume's VG. Unknown is not
+    foreign, whatever allow_format or safe_mode say."""
+    unknown = probe(signatures=sig("LVM2_member"), pv_vg=None)
+    for config in (volume(allow=["/dev/vda"]), volume(safe_mode=False), volume()):
+        verdict = safety.disk_verdict(config, unknown)
+        assert (verdict["verdict"], verdict["code"]) == ("refuse", "pv_vg_unknown"), verdict
+        assert "did not list it" in verdict["reason"] and "nothing is written" in verdict["reason"]
+    foreign = safety.disk_verdict(
+        volume(allow=["/dev/vda"]), probe(signatures=sig("LVM2_member"), pv_vg="vg_x")
+    )
+    assert (foreign["verdict"], foreign["code"]) == ("wipe", "foreign_pv")  # known, and allowed
+
+
 def test_safe_mode_off_allows_every_pillar_device():
     loose = volume(safe_mode=False)
     assert loose["may_format"] == ["/dev/vda", "/dev/vdb"]
