@@ -1163,13 +1163,9 @@ def pv_present(name):
     if "error" not in found and _real(name) not in {_real(pv) for pv in found["pvs"]}:
         # "no PV" in a report that leaves out suspended devices, maybe read long before this
         # step: proven afresh, on a device that is not suspended now
-        if __salt__["hana_storage_host.dm_suspended"](name):
-            return _done(
-                ret,
-                f"{name} is suspended (multipathd reloading it?): not telling whether it is a PV "
-                "yet; nothing was changed, run again",
-                result=False,
-            )
+        suspended = _suspended([name])
+        if suspended:
+            return _done(ret, f"{suspended}: not telling whether it is a PV yet; {RUN_AGAIN}", result=False)
         found = _afresh("pv_names")
     if "error" in found:
         return _done(ret, f"cannot read the PVs: {found['error']}", result=False)
@@ -1234,6 +1230,20 @@ def _real(path):
     return os.path.realpath(path)
 
 
+RUN_AGAIN = "nothing was changed, run again"
+
+
+def _suspended(devices):
+    """Which of ``devices``, missing from an LVM report (which leaves out suspended devices), are
+    suspended now: "<device> is suspended (...)", or "" when none is."""
+    now = [device for device in devices if __salt__["hana_storage_host.dm_suspended"](device)]
+    return (
+        f"{', '.join(now)} {'is' if len(now) == 1 else 'are'} suspended (multipathd reloading?)"
+        if now
+        else ""
+    )
+
+
 def _reals(paths):
     return {_real(path) for path in paths}
 
@@ -1258,6 +1268,9 @@ def vg_extended(name, pvs):
     joining = [pv for pv in pvs if _real(pv) not in inside]
     if not joining:
         return _done(ret, f"{name} holds each of its PVs")
+    suspended = _suspended(joining)
+    if suspended:
+        return _done(ret, f"{suspended}: not telling whether it is in {name} yet; {RUN_AGAIN}", result=False)
     added = f"added {', '.join(joining)} to {name}"
     argv = ["vgextend", name, *joining]
     return _change(ret, argv, f"vgextend {name} failed", added, extended={"vg": name, "pvs": joining})
@@ -1331,6 +1344,12 @@ def _extension_plan(name, stripes, stripe_kib, size, pvs, devices, room):
     if __opts__["test"] and room["pvs"]:  # PVs an apply adds to the VG first (vg_extended)
         inside = {_real(p["pv"]) for p in room["pvs"]}
         extent = room["pvs"][0]["extent_bytes"]
+        suspended = _suspended([pv for pv in pvs if _real(pv) not in inside and os.path.exists(pv)])
+        if suspended:  # maybe a PV of the VG already: no room is promised for it
+            return {
+                "action": "error",
+                "reason": f"{suspended}: not telling whether it is in its VG yet; {RUN_AGAIN}",
+            }
         for pv, device in zip(pvs, devices or pvs, strict=False):
             if _real(pv) in inside:
                 continue

@@ -224,6 +224,8 @@ def layer_verdict(layer, probe, may_wipe, own_holders=(), own_vg=None, created_n
         # someone's data. pvcreate would wipe it, so only blank or our own VG's PV goes on.
         if types == ["LVM2_member"] and probe.get("pv_vg") in ("", own_vg):
             return _verdict(device, "use", "own_pv", f"already a PV of {probe.get('pv_vg') or 'no VG yet'}")
+        if types == ["LVM2_member"] and probe.get("pv_vg") is None:
+            return _verdict(device, "refuse", "pv_vg_unknown", PV_VG_UNKNOWN)
         what = f"is a PV of volume group {probe.get('pv_vg')!r}" if types == ["LVM2_member"] else None
         return _verdict(
             device, "refuse", "foreign_signature", what or f"carries a {describe_signatures(probe)} signature"
