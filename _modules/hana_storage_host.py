@@ -984,6 +984,30 @@ def format_marker(uuid, stage="header"):
     return os.path.join(__opts__["cachedir"], FORMAT_MARKS, uuid + FORMAT_STAGES[stage])
 
 
+RETIRE_MARKS = "hana_storage/luks-retire"  # under the minion's cachedir: <LUKS UUID>.<keyslot>
+
+
+def retire_marker(uuid, keyslot):
+    """
+    The file that marks a ``luksKillSlot`` this formula began on keyslot ``keyslot`` of the LUKS
+    header with UUID ``uuid``, made before the command runs and removed once it has returned.
+    cryptsetup wipes a keyslot's area before it drops the keyslot from the metadata: killed in
+    between, it leaves a keyslot no key opens. While this mark is there, such a keyslot is the
+    formula's removal to finish, never a stranger's keyslot (HANA-KEY-005).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' hana_storage_host.retire_marker 3f0c7a0e-5c55-4b5e-9d0e-6f1f9b0d2a11 0
+    """
+    if not isinstance(uuid, str) or not uuid.replace("-", "").isalnum():
+        raise CommandExecutionError(f"not a LUKS UUID: {uuid!r}")
+    if not isinstance(keyslot, int) or isinstance(keyslot, bool) or not 0 <= keyslot < 32:
+        raise CommandExecutionError(f"not a LUKS2 keyslot: {keyslot!r}")
+    return os.path.join(__opts__["cachedir"], RETIRE_MARKS, f"{uuid}.{keyslot}")
+
+
 def key_opens(path, key_file):
     """
     Whether the key in ``key_file`` opens the LUKS header at ``path`` (a device or a header

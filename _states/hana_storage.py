@@ -609,6 +609,8 @@ def previous_key_removed(name, key_file, previous_key_file, key_pillar=None, pre
             f"cannot tell which keyslots of {name} the previous key opens: {previous['error']}",
             result=False,
         )
+    uuid, fingerprints, begun = _removals_begun(name)
+    previous["keyslots"] = sorted(set(previous["keyslots"]) | set(begun))
     if not previous["keyslots"]:
         return _done(ret, f"the previous key {previous_key_file} opens no keyslot of {name}")
     current = _key_slots(name, key_file)
@@ -638,14 +640,43 @@ def previous_key_removed(name, key_file, previous_key_file, key_pillar=None, pre
         return _would(ret, f"would remove keyslots {remove} of {name} (the previous key's)")
     removed = []
     for slot in remove:
+        marker = __salt__["hana_storage_host.retire_marker"](uuid, slot)
+        os.makedirs(os.path.dirname(marker), mode=0o700, exist_ok=True)
+        core.files.replace_file(marker, fingerprints.get(slot, "").encode(), mode=0o600)
         ok, err = _run(core.commands.luks_kill_slot(name, slot, key_file))
         if not ok:
             changes = {"removed": {"keyslots": removed}} if removed else {}
             return _done(ret, f"cryptsetup luksKillSlot {name} {slot} failed: {err}", result=False, **changes)
+        os.unlink(marker)
         removed.append(slot)
     return _done(
         ret, f"removed keyslots {removed} of {name} (the previous key's)", removed={"keyslots": removed}
     )
+
+
+def _removals_begun(name):
+    """(the UUID of ``name``'s LUKS header, {keyslot: its fingerprint}, the keyslots whose
+    luksKillSlot this formula began and did not see end: hana_storage_host.retire_marker, which
+    holds the fingerprint of the keyslot it was for). A mark whose keyslot is gone, or is another
+    keyslot now, is removed: that kill ended."""
+    header = __salt__["hana_storage_host.luks_header"](name)
+    uuid = header.get("uuid")
+    fingerprints = {int(s["id"]): str(s.get("fingerprint") or "") for s in header.get("keyslots") or []}
+    if not isinstance(uuid, str):
+        return uuid, fingerprints, []
+    begun = []
+    for slot in range(32):
+        marker = __salt__["hana_storage_host.retire_marker"](uuid, slot)
+        try:
+            with open(marker, "rb") as handle:
+                marked = handle.read().decode(errors="replace")
+        except FileNotFoundError:
+            continue
+        if fingerprints.get(slot) and fingerprints[slot] == marked:
+            begun.append(slot)
+        elif not __opts__["test"]:
+            os.unlink(marker)
+    return uuid, fingerprints, begun
 
 
 def tang_bound(name, key_file, tang, header_backup=None, previous_key_file=None):

@@ -42,6 +42,7 @@ def salt_functions(marks):
         "hana_storage_host.format_marker": lambda uuid, stage="header": str(
             marks / (uuid + {"header": "", "payload": ".payload"}[stage])
         ),
+        "hana_storage_host.retire_marker": lambda uuid, keyslot: str(marks / "retire" / f"{uuid}.{keyslot}"),
         "mount.remount": MagicMock(return_value=True),
         "mount.mount": MagicMock(return_value=True),
         "hana_storage_host.xfs_superblock": MagicMock(return_value={"uuid": "1234-abcd"}),
@@ -1615,6 +1616,7 @@ def rotation(salt_functions, monkeypatch, tmp_path):
     old.write_bytes(b"o" * 64)
     fake_paths(monkeypatch, present=[LV])
     slots = {0: str(old)}
+    made = {0: "fp0-old"}
 
     def key_slots(device, key_file):
         assert device == LV
@@ -1624,13 +1626,20 @@ def rotation(salt_functions, monkeypatch, tmp_path):
         if argv[1] == "luksAddKey":
             assert argv[argv.index("--key-file") + 1] in slots.values()  # authorised by a key that opens it
             slots[max(slots) + 1] = argv[-1]
+            made[max(slots)] = f"fp{max(slots)}-{os.path.basename(argv[-1])}"
         elif argv[1] == "luksKillSlot":
             del slots[int(argv[-1])]
         return {"retcode": 0, "stdout": "", "stderr": ""}
 
+    def luks_header(device):  # a keyslot's fingerprint: of its metadata, made with the keyslot
+        for s in slots:
+            made.setdefault(s, f"fp{s}-{os.path.basename(slots[s])}")
+        return {"uuid": "u-1", "flags": [], "tokens": [], "keyslots": [{"id": str(s), "fingerprint": made[s]} for s in slots]}  # fmt: skip
+
     salt_functions["hana_storage_host.key_slots"] = MagicMock(side_effect=key_slots)
+    salt_functions["hana_storage_host.luks_header"] = MagicMock(side_effect=luks_header)
     salt_functions["cmd.run_all"].side_effect = cryptsetup
-    return {"new": str(new), "old": str(old), "slots": slots}
+    return {"new": str(new), "old": str(old), "slots": slots, "made": made}
 
 
 PBKDF = {"type": "argon2id", "memory_kib": 65536}
@@ -1704,6 +1713,48 @@ def test_previous_key_removed_kills_only_the_previous_keys_slot(salt_functions, 
     again = states.previous_key_removed(LV, rotation["new"], rotation["old"])
     assert again["result"] is True and again["changes"] == {}
     assert "opens no keyslot" in again["comment"]
+
+
+def test_a_luksKillSlot_killed_after_it_wiped_the_area_is_finished_by_the_next_run(
+    salt_functions, rotation, marks
+):
+    """cryptsetup wipes a keyslot's area before it drops the keyslot from the metadata. Killed in
+    between (SIGKILL, power loss; the rotation VM test's kill landed there under load), the
+    keyslot stays, and no key opens it: the previous key "opens no keyslot", and the header
+    backup step then refused the header for ever (a keyslot no pillar key accounts for,
+    HANA-KEY-005). The mark made before luksKillSlot says the keyslot is the formula's removal."""
+    rotation["slots"][1] = rotation["new"]
+    cryptsetup = salt_functions["cmd.run_all"].side_effect
+
+    def killed_mid_way(argv, **kwargs):
+        if argv[1] == "luksKillSlot":
+            rotation["slots"][int(argv[-1])] = "wiped"  # the area is noise now; its metadata stays
+            raise KeyboardInterrupt("SIGKILL")
+        return cryptsetup(argv, **kwargs)
+
+    salt_functions["cmd.run_all"].side_effect = killed_mid_way
+    with pytest.raises(KeyboardInterrupt):
+        states.previous_key_removed(LV, rotation["new"], rotation["old"])
+    assert sorted(rotation["slots"]) == [0, 1] and (marks / "retire" / "u-1.0").exists()
+    salt_functions["cmd.run_all"].side_effect = cryptsetup
+    ret = states.previous_key_removed(LV, rotation["new"], rotation["old"])
+    assert ret["result"] is True and ret["changes"] == {"removed": {"keyslots": [0]}}, ret
+    assert rotation["slots"] == {1: rotation["new"]} and not (marks / "retire" / "u-1.0").exists()
+
+
+def test_a_retire_mark_for_a_keyslot_that_is_another_now_removes_nothing(salt_functions, rotation, marks):
+    """The mark is left when luksKillSlot finished but the run was killed before removing it; a
+    later keyslot in the same place (an admin's passphrase) is not the one marked: its
+    fingerprint differs, so it stays (the audit names it, HANA-KEY-005), and the mark goes."""
+    (marks / "retire").mkdir()
+    (marks / "retire" / "u-1.0").write_text("fp0-old")  # the keyslot the kill was for
+    rotation["slots"].clear()
+    rotation["slots"].update({0: "/root/admin.passphrase", 1: rotation["new"]})
+    rotation["made"].update({0: "fp0-admin", 1: "fp1-new"})
+    ret = states.previous_key_removed(LV, rotation["new"], rotation["old"])
+    assert ret["result"] is True and ret["changes"] == {} and "opens no keyslot" in ret["comment"], ret
+    assert rotation["slots"] == {0: "/root/admin.passphrase", 1: rotation["new"]}
+    assert not (marks / "retire" / "u-1.0").exists()
 
 
 def test_previous_key_removed_in_test_mode_removes_nothing(salt_functions, rotation, dry_run):
