@@ -144,7 +144,7 @@ def _kept(kind, read):
     host with many LUNs each report scans all of them). An error is never kept. A kept report
     may only tell a step that it has nothing to do: what a step acts on it reads afresh (the
     states' _afresh), and the guard always does (_pv_groups)."""
-    kept = globals().get("__context__", {}).get(core.lvm.RUN_REPORTS)
+    kept = _run_reports()
     if kept is None:  # not in a state run
         return read()
     if kind not in kept:
@@ -155,9 +155,14 @@ def _kept(kind, read):
     return kept[kind]
 
 
+def _run_reports():
+    """The reports this state run keeps (lvm.RUN_REPORTS), or None outside a state run."""
+    return globals().get("__context__", {}).get(core.lvm.RUN_REPORTS)
+
+
 def _keep(kind, found):
     """A report just read, kept for the rest of the state run in place of an older one."""
-    kept = globals().get("__context__", {}).get(core.lvm.RUN_REPORTS)
+    kept = _run_reports()
     if kept is not None and isinstance(found, list):
         kept[kind] = found
 

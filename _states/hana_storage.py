@@ -1191,7 +1191,7 @@ def pv_present(name):
     the report does not list is read again before anything is written."""
     ret = _ret(name)
     found = __salt__["hana_storage_host.pv_names"]()
-    if "error" not in found and _real(name) not in {_real(pv) for pv in found["pvs"]}:
+    if "error" not in found and _real(name) not in _reals(found["pvs"]):
         # "no PV" in a report that leaves out suspended devices, maybe read long before this
         # step: proven afresh, on a device that is not suspended now
         suspended = _suspended([name])
@@ -1200,7 +1200,7 @@ def pv_present(name):
         found = _afresh("pv_names")
     if "error" in found:
         return _done(ret, f"cannot read the PVs: {found['error']}", result=False)
-    if _real(name) in {_real(pv) for pv in found["pvs"]}:
+    if _real(name) in _reals(found["pvs"]):
         return _done(ret, f"{name} is a PV")
     if not __opts__["test"] and not os.path.exists(name):
         return _done(ret, f"{name} does not exist", result=False)
@@ -1287,7 +1287,7 @@ def vg_extended(name, pvs):
     """
     ret = _ret(name)
     room = __salt__["hana_storage_host.vg_pvs"](name)
-    if "error" not in room and (not room["pvs"] or not {_real(pv) for pv in pvs} <= _reals(room["pvs"])):
+    if "error" not in room and (not room["pvs"] or not _reals(pvs) <= _reals(room["pvs"])):
         room = _afresh("vg_pvs", name)
     if "error" in room:
         return _done(ret, f"cannot read the PVs of {name}: {room['error']}", result=False)
@@ -1295,7 +1295,7 @@ def vg_extended(name, pvs):
         if __opts__["test"]:
             return _done(ret, f"{name} is not created yet: its PVs come with it")
         return _done(ret, f"volume group {name} does not exist", result=False)
-    inside = {_real(pv) for pv in room["pvs"]}
+    inside = _reals(room["pvs"])
     joining = [pv for pv in pvs if _real(pv) not in inside]
     if not joining:
         return _done(ret, f"{name} holds each of its PVs")
@@ -1369,7 +1369,7 @@ def _extension_plan(name, stripes, stripe_kib, size, pvs, devices, room):
         if __opts__["test"]:
             return {"action": "none", "reason": f"{name} is not created yet: nothing to grow"}
         return {"action": "error", "reason": f"logical volume {name} does not exist"}
-    wanted = {_real(pv) for pv in pvs}
+    wanted = _reals(pvs)
     usable = [p for p in room["pvs"] if p["allocatable"] and _real(p["pv"]) in wanted]
     estimated = []
     if __opts__["test"] and room["pvs"]:  # PVs an apply adds to the VG first (vg_extended)
