@@ -406,6 +406,17 @@ def _header_of(name):
         return {"error": str(error)}
 
 
+def _claimed_uuid_of(name):
+    """The UUID the LUKS2 binary header of /dev/<name> names, unchecked (luks.claimed_uuid), if
+    it is one a format mark can be named by; else None."""
+    try:
+        with _reader(f"/dev/{name}") as read:
+            claimed = core.luks.claimed_uuid(read(0, core.luks.BINARY_HEADER_SIZE))
+    except (ValueError, CommandExecutionError):
+        return None
+    return claimed if claimed and claimed.replace("-", "").isalnum() else None
+
+
 def _superblock_of(name):
     try:
         with _reader(f"/dev/{name}") as read:
@@ -1187,6 +1198,10 @@ def probe(devices, key_file=None):
                 result["luks"]["keyslots"] = len(header["keyslots"])
             if result["luks"].get("keyslots") == 0 and isinstance(header.get("uuid"), str):
                 result["luks"]["format_began"] = os.path.exists(format_marker(header["uuid"]))
+            elif "error" in header:  # no copy readable: a header this formula's luksFormat was writing?
+                claimed = _claimed_uuid_of(name)
+                if claimed:
+                    result["luks"].update(uuid=claimed, format_began=os.path.exists(format_marker(claimed)))
             # an open LUKS device is judged by who holds it, one without a keyslot opens for nobody
             if key_files and not result["holders"] and result["luks"].get("keyslots") != 0:
                 result["key_opens"], result["key_error"] = _keys_test(f"/dev/{name}", header, key_files)

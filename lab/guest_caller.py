@@ -190,28 +190,37 @@ def call(caller, line):
     return {"local": ret, "retcode": retcode}
 
 
-def detach(caller, line):
+def detach(caller, line, spool):
     """Run the call in a forked child leading its own process group (as a minion forks a job),
-    so the host can SIGKILL it with its children mid-way; returns the child's pid at once."""
+    so the host can SIGKILL it with its children mid-way; returns the child's pid at once. A
+    call that ends leaves its reply in ``detached.<pid>.json`` (Lab.detached_reply): why an
+    apply ended before the step a test meant to kill it after."""
     pid = os.fork()
     if pid:
         return pid
     os.setsid()
     code = 1
     try:
-        code = call(caller, line)["retcode"]
-    except Exception:  # noqa: BLE001 - the traceback goes to caller.out
+        reply = call(caller, line)
+        code = reply["retcode"]
+    except Exception:  # noqa: BLE001 - the traceback goes to caller.out and the reply
+        reply = {"local": traceback.format_exc(), "retcode": 1}
         traceback.print_exc()
+    try:
+        tmp = os.path.join(spool, f"detached.{os.getpid()}.tmp")
+        with open(tmp, "w") as handle:
+            json.dump(reply, handle, default=repr)
+        os.rename(tmp, os.path.join(spool, f"detached.{os.getpid()}.json"))
     finally:
         os._exit(code)
 
 
-def reply_to(caller, request, state, children):
+def reply_to(caller, request, state, children, spool):
     refresh(caller, state)
     if request.get("beacon") == "once":
         return {"local": guest_beacon.once(caller.sminion), "retcode": 0}
     if request.get("detach"):
-        children.append(detach(caller, request["args"]))
+        children.append(detach(caller, request["args"], spool))
         return {"local": {"pid": children[-1]}, "retcode": 0}
     if request.get("profile"):  # where a call's time goes, for the host to read (pstats)
         import cProfile
@@ -251,7 +260,7 @@ def main(config_dir, spool):
             request = json.load(handle)
         started = time.monotonic()
         try:
-            reply = reply_to(caller, request, state, children)
+            reply = reply_to(caller, request, state, children, spool)
         except Exception:  # noqa: BLE001 - the host gets the traceback, the server keeps serving
             reply = {"local": traceback.format_exc(), "retcode": 1}
         reply["seconds"] = time.monotonic() - started

@@ -553,6 +553,15 @@ class Lab:
             raise LabError(f"salt-call {args} failed (retcode {result.retcode}):\n{result.text()[-3000:]}")
         return result
 
+    def detached_reply(self, pid):
+        """The reply of a call made with ``detach=True`` that ended by itself (not killed), as
+        ``salt`` returns it, or None."""
+        reply = self.shared / "salt" / f"detached.{pid}.json"
+        if not reply.exists():
+            return None
+        data = json.loads(reply.read_text())
+        return SaltResult(f"detached {pid}", data["local"], data["retcode"], 0.0)
+
     def beacon_once(self, timeout=900):
         """One full audit by the formula's beacon, loaded through Salt's loader over the guest
         Salt server's modules (lab/guest_beacon.py): {"events": [...]} or {"raised": traceback}."""

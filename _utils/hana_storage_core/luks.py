@@ -51,6 +51,18 @@ def is_luks(first_bytes):
     return first_bytes[:6] in (MAGIC_PRIMARY, MAGIC_SECONDARY)
 
 
+def claimed_uuid(first_bytes):
+    """The UUID a LUKS2 primary binary header names, read without its checksum, or None. A
+    header cut short as it is written (luksFormat killed between the binary header and its JSON
+    area: no copy is readable) still names the UUID the formula gave it (``luksFormat --uuid``)."""
+    if len(first_bytes) < BINARY_HEADER_SIZE or first_bytes[:6] != MAGIC_PRIMARY or _u16(first_bytes, 6) != 2:
+        return None
+    try:
+        return _text(first_bytes[168:208], "uuid") or None
+    except LuksError:
+        return None
+
+
 def parse_header(read):
     """Summary of the LUKS header of a device, or LuksError."""
     start = read(0, BINARY_HEADER_SIZE)

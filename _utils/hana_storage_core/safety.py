@@ -160,13 +160,15 @@ DAMAGED_LUKS = (
 
 def unfinished_luks(probe):
     """A LUKS header without a single keyslot that this formula began: what its luksFormat leaves
-    when killed between writing the header and adding the key (``luks.format_began``: the probe
-    found the mark the formula leaves, by the header's UUID, before it runs luksFormat). Nobody
-    can decrypt anything behind it. Any other header without a keyslot (luksErase, a damaged or
-    overwritten header) is damage, never blank: the volume key is gone, a backup brings it back."""
+    when killed between writing the header and adding the key, or while writing the header
+    itself (no copy readable yet; ``luks.error``). ``luks.format_began``: the probe found the
+    mark the formula leaves, by the UUID it gives the header, before it runs luksFormat, and
+    removes once luksFormat returned. Nobody can decrypt anything behind it. Any other header
+    without a keyslot, or unreadable (luksErase, a damaged or overwritten header), is damage,
+    never blank: the volume key is gone, a backup brings it back."""
     luks = probe.get("luks") or {}
     return (
-        luks.get("keyslots") == 0
+        (luks.get("keyslots") == 0 or bool(luks.get("error")))
         and bool(luks.get("format_began"))
         and not probe.get("holders")
         and not probe.get("key_opens")

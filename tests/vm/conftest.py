@@ -29,6 +29,22 @@ def boot(request, disks=8, disk_size="2G", fresh=True, **options):
     return vm
 
 
+def why_it_ended(vm, pid):
+    """What a detached apply that ended by itself returned: the comment of each state that did
+    not succeed, or the whole return (a traceback, a render error)."""
+    reply = vm.detached_reply(pid)
+    if reply is None:
+        return f"no reply from the detached call {pid} (read /run/salt/caller.out in the guest)"
+    if isinstance(reply.ret, dict) and all(isinstance(s, dict) for s in reply.ret.values()):
+        failed = {
+            key.split("_|-")[1]: s.get("comment")
+            for key, s in reply.ret.items()
+            if s.get("result") is not True
+        }
+        return f"retcode {reply.retcode}, not successful: {failed}"
+    return f"retcode {reply.retcode}: {str(reply.ret)[-3000:]}"
+
+
 def beacon_tick(vm):
     """One beacon tick (a full audit) through Salt's loader in the guest: its events, or its crash."""
     return vm.beacon_once()
