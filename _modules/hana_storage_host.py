@@ -107,7 +107,11 @@ def mounted_xfs_bytes(mountpoint, dev=None):
 
 def block_bytes(path):
     """The size of the block device at ``path`` in bytes (sysfs), or None if it has none."""
-    size = _read(f"{SYSFS_BLOCK}/{_kernel_name(path)}/size").strip()
+    return _sysfs_bytes(_kernel_name(path))
+
+
+def _sysfs_bytes(name):
+    size = _read(f"{SYSFS_BLOCK}/{name}/size").strip()
     return int(size) * 512 if size.isascii() and size.isdigit() else None
 
 
@@ -139,7 +143,7 @@ def dm_suspended(path):
 
 
 def _kept(kind, read):
-    """``read()``: a report of ``kind`` ("pvs", "lvs"), or the one this state run read already
+    """``read()``: a report of ``kind`` ("pvs", "lvs", "dm"), or the one this state run read already
     and kept (lvm.RUN_REPORTS: each PV, VG and LV step of every volume asks the same, and on a
     host with many LUNs each report scans all of them). An error is never kept. A kept report
     may only tell a step that it has nothing to do: what a step acts on it reads afresh (the
@@ -219,6 +223,64 @@ def lv_room(lv_path):
         return found
     pvs = _pv_room(lv_path.split("/")[2])
     return {**found, "pvs": pvs} if isinstance(pvs, list) else pvs
+
+
+def lun_growth(device, pv):
+    """What carries the size of the pillar's ``device`` (a LUN grown in place) up to its PV
+    ``pv`` (the device itself above LVM, the open LUKS device on it below): lun.plan over
+    facts read now (sysfs, the dm table below LVM, the run's kept `pvs`), with "map": the dm
+    name of a multipath map ("" for another device). {"error": ...} where it cannot grow."""
+    name = _kernel_name(device)
+    # a failed path may report no size (0): lun.plan tells it apart from a path that disagrees
+    paths = {path: _sysfs_bytes(path) or 0 for path in _multipath_paths(name)}
+    facts = {"device": device, "device_bytes": block_bytes(device), "paths": paths, "crypt": None, "pv": None}
+    if os.path.realpath(pv) != os.path.realpath(device):  # below LVM
+        crypt = os.path.basename(pv)
+        tables = _kept("dm", _read_dm_tables)
+        if "error" in tables:
+            return tables
+        table = tables["tables"].get(crypt) or []
+        segment = next((s for s in table if s["target"] == "crypt"), None)
+        if (
+            segment is None
+            or segment["device"] not in {_dev_of(device), device, os.path.realpath(device)}
+            or _read(f"{SYSFS_BLOCK}/{_kernel_name(pv)}/dm/name").strip() != crypt  # pv is that mapping
+        ):
+            return {"error": f"{pv} is not an open crypt mapping of {device}"}
+        facts["crypt"] = {
+            "name": crypt,
+            "bytes": sum(s["length"] for s in table) * 512,
+            "offset_bytes": segment["offset"] * 512,
+            "sector_bytes": segment.get("sector_size") or 512,
+        }
+    pvs = _pv_room()
+    if not isinstance(pvs, list):
+        return pvs
+    facts["pv"] = next((p for p in pvs if os.path.realpath(p["pv"]) == os.path.realpath(pv)), None)
+    if facts["pv"] is None and dm_suspended(pv):  # `pvs` leaves out a suspended device: unknown, not "no PV"
+        return {"error": f"{pv} is suspended (multipathd reloading?), so `pvs` left it out: run again"}
+    try:
+        found = core.lun.plan(facts)
+    except core.lun.LunError as error:
+        return {"error": str(error)}
+    return {**found, "map": _read(f"{SYSFS_BLOCK}/{name}/dm/name").strip() if paths else ""}
+
+
+def _read_dm_tables():
+    """{"tables": dm_tables()} or {"error": ...}, for _kept."""
+    try:
+        return {"tables": dm_tables()}
+    except CommandExecutionError as error:
+        return {"error": str(error)}
+
+
+def _dev_of(path):
+    """``major:minor`` of the block device at ``path``, or None."""
+    try:
+        rdev = os.stat(path).st_rdev
+    except OSError:
+        return None
+    return f"{os.major(rdev)}:{os.minor(rdev)}"
 
 
 def path_facts(paths):

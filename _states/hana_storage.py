@@ -1314,7 +1314,7 @@ PV_METADATA_BYTES = 1 << 20
 LUKS2_HEADER_BYTES = 16 << 20
 
 
-def lv_extended(name, stripes, stripe_kib, size, pvs, devices=None):
+def lv_extended(name, stripes, stripe_kib, size, pvs, devices=None, grown_by=None):
     """
     The LV ``name`` (``/dev/<vg>/<lv>``) fills what its pillar ``size`` asks for, grown online
     in its own stripes: ``100%FREE`` grows it into the room new PVs brought to its VG, a size in
@@ -1326,13 +1326,16 @@ def lv_extended(name, stripes, stripe_kib, size, pvs, devices=None):
     devices
         The pillar's devices under ``pvs`` (below LVM: the disks under the crypt devices): in
         test mode the room of a PV that does not exist yet is estimated from its device.
+    grown_by
+        The IDs of the states that grow each of ``pvs`` with its LUN (lun_grown): in test mode
+        the room those say they would add is counted.
     """
     ret = _ret(name)
     room = __salt__["hana_storage_host.lv_room"](name)
-    plan = _extension_plan(name, stripes, stripe_kib, size, pvs, devices, room)
+    plan = _extension_plan(name, stripes, stripe_kib, size, pvs, devices, room, grown_by)
     if plan["action"] != "none":  # growing, or failing: proven on reports read now
         room = _afresh("lv_room", name)
-        plan = _extension_plan(name, stripes, stripe_kib, size, pvs, devices, room)
+        plan = _extension_plan(name, stripes, stripe_kib, size, pvs, devices, room, grown_by)
     if plan["action"] == "error":
         return _done(ret, plan["reason"], result=False)
     if plan["action"] == "refuse":
@@ -1341,11 +1344,12 @@ def lv_extended(name, stripes, stripe_kib, size, pvs, devices=None):
         return _done(ret, plan["reason"])
     commands = "; ".join(" ".join(argv) for argv in plan["argv"])
     if __opts__["test"]:
-        once = (
-            f" once {', '.join(plan['estimated'])} joined its VG (their room estimated)"
-            if plan["estimated"]
-            else ""
+        once = " and".join(
+            f" once {', '.join(listed)} {what}"
+            for listed, what in ((plan["estimated"], "joined its VG"), (plan["grown"], "grew with its LUN"))
+            if listed
         )
+        once += " (their room estimated)" if once else ""
         return _would(ret, f"would grow {name} online by {plan['adds_bytes']} bytes{once}: {commands}")
     before = sum(segment["size"] for segment in room["segments"])
     for argv in plan["argv"]:
@@ -1359,10 +1363,11 @@ def lv_extended(name, stripes, stripe_kib, size, pvs, devices=None):
     )
 
 
-def _extension_plan(name, stripes, stripe_kib, size, pvs, devices, room):
+def _extension_plan(name, stripes, stripe_kib, size, pvs, devices, room, grown_by=None):
     """lvm.extension's plan for the LV ``name`` from the reports in ``room`` (lv_room), with
-    "estimated": the PVs whose room test mode estimated; or {"action": "none"|"error", "reason"}
-    before there is anything to plan."""
+    "estimated" and "grown": the PVs whose room test mode estimated (joining the VG, growing with
+    their LUN: lun_grown's ``grown_by`` states); or {"action": "none"|"error", "reason"} before
+    there is anything to plan."""
     if "error" in room:
         return {"action": "error", "reason": f"cannot read the LVM layout of {name}: {room['error']}"}
     if not room["segments"]:
@@ -1371,7 +1376,7 @@ def _extension_plan(name, stripes, stripe_kib, size, pvs, devices, room):
         return {"action": "error", "reason": f"logical volume {name} does not exist"}
     wanted = _reals(pvs)
     usable = [p for p in room["pvs"] if p["allocatable"] and _real(p["pv"]) in wanted]
-    estimated = []
+    estimated, grown = [], []  # PVs whose room test mode estimated: joining the VG, growing with a LUN
     if __opts__["test"] and room["pvs"]:  # PVs an apply adds to the VG first (vg_extended)
         inside = {_real(p["pv"]) for p in room["pvs"]}
         extent = room["pvs"][0]["extent_bytes"]
@@ -1392,14 +1397,91 @@ def _extension_plan(name, stripes, stripe_kib, size, pvs, devices, room):
             free = max((device_bytes or 0) - overhead, 0) // extent
             usable.append({"pv": pv, "free": free, "extent_bytes": extent, "allocatable": True})
             estimated.append(pv)
+        for pv, device, state_id in zip(pvs, devices or pvs, grown_by or (), strict=False):
+            entry = next((p for p in usable if p["pv"] == pv or _real(p["pv"]) == _real(pv)), None)
+            if entry is None or pv in estimated or not _pending_in_this_run(state_id):
+                continue
+            growth = __salt__["hana_storage_host.lun_growth"](device, pv)
+            if growth.get("adds_extents"):
+                usable[usable.index(entry)] = {**entry, "free": entry["free"] + growth["adds_extents"]}
+                grown.append(pv)
     lv = "/".join(name.split("/")[2:4])
     plan = core.lvm.extension(lv, stripes, stripe_kib * 1024, size, room["segments"], usable)
-    return {**plan, "estimated": estimated}
+    return {**plan, "estimated": estimated, "grown": grown}
 
 
 def _pending_in_this_run(state_id):
     """Did the state ``state_id`` of this (test) run say it would change something?"""
     return any(r.get("result") is None for r in _results_of(state_id))
+
+
+LUN_STEPS = {"map": "multipathd resize map", "crypt": "cryptsetup resize", "pv": "pvresize"}
+
+
+def _lun_argv(step, found, pv, key_file):
+    if step == "map":
+        return ["multipathd", "resize", "map", found["map"]]
+    if step == "crypt":
+        return core.commands.luks_resize(os.path.basename(pv), key_file)
+    return ["pvresize", pv]
+
+
+def _lun_steps_text(found, pv, key_file):
+    return "; ".join(
+        f"{' '.join(_lun_argv(s['step'], found, pv, key_file))} ({s['from']} to {s['to']} "
+        f"{'extents' if s['step'] == 'pv' else 'bytes'})"
+        for s in found["steps"]
+    )
+
+
+def lun_grown(name, pv, key_file=None):
+    """
+    The PV on the pillar's device ``name`` spans all of it after the LUN grew in place (resized
+    on the SAN, a cloud volume made larger): ``multipathd resize map`` where ``name`` is a
+    multipath map, below LVM ``cryptsetup resize`` of the LUKS device on it (the key on a
+    file), then ``pvresize``. No byte of data moves or is written. The LV grows after this, in
+    its own stripes, where every stripe's PV has the room (lv_extended). Paths of one LUN that
+    disagree in size (rescanned in part) and a LUN that shrank are refused.
+
+    pv
+        The PV: ``name`` itself above LVM, the open LUKS device on it below.
+    key_file
+        Below LVM: a key file that opens the LUKS device (cryptsetup resize asks for the key).
+    """
+    ret = _ret(name)
+    if not os.path.exists(pv):
+        if __opts__["test"]:
+            return _done(ret, f"{pv} is not there yet: nothing to grow")
+        return _done(ret, f"{pv} does not exist", result=False)
+    found = __salt__["hana_storage_host.lun_growth"](name, pv)
+    if "error" in found or found["steps"]:  # growing, or failing: proven on reports read now
+        found = _afresh("lun_growth", name, pv)
+    if "error" in found:
+        return _done(
+            ret, f"not growing {pv} with {name}: {found['error']}. Nothing was changed.", result=False
+        )
+    if not found["steps"]:
+        return _done(ret, f"{pv} spans all of {name}")
+    if not key_file and any(s["step"] == "crypt" for s in found["steps"]):
+        return _done(
+            ret,
+            f"not growing {pv} with {name}: cryptsetup resize of {os.path.basename(pv)} needs the "
+            "key on a file (key_file). Nothing was changed.",
+            result=False,
+        )
+    planned = _lun_steps_text(found, pv, key_file)
+    if __opts__["test"]:
+        return _would(ret, f"would grow {pv} with {name}: {planned}")
+    for step in found["steps"]:
+        ok, err = _run(_lun_argv(step["step"], found, pv, key_file))
+        if not ok:
+            return _done(ret, f"{LUN_STEPS[step['step']]} of {name} failed: {err}", result=False)
+    left = _afresh("lun_growth", name, pv)
+    if "error" in left or left["steps"]:
+        what = left.get("error") or _lun_steps_text(left, pv, key_file)
+        return _done(ret, f"grew {pv} with {name}, but it is not done: {what}", result=False)
+    grown = {s["step"]: {"old": s["from"], "new": s["to"]} for s in found["steps"]}
+    return _done(ret, f"grew {pv} with {name}: {planned}", grown=grown)
 
 
 def crypt_grown(name, device, key_file, grown_by=None):

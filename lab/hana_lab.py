@@ -202,6 +202,7 @@ class Lab:
         self.cpu = cpu
         self.shared = self.workdir / "shared"
         self.console = self.workdir / "console.log"
+        self.qmp = self.workdir / "qmp.sock"
         self.proc = None
         self.step = 0
 
@@ -241,7 +242,10 @@ class Lab:
         for directory in ("/hana", *SCAP_DIRS):  # --overlay-rwdir needs the directory on the host
             os.makedirs(directory, exist_ok=True)
         if self.paths == 1:
-            drives = " ".join(f"-drive file={p},format=raw,if=virtio,cache=unsafe" for p in self.disk_paths())
+            drives = " ".join(
+                f"-drive file={p},format=raw,if=virtio,cache=unsafe,id=d{i}p0"
+                for i, p in enumerate(self.disk_paths())
+            )
         else:
             drives = " ".join(
                 f"-drive file={p},format=raw,if=none,id=d{i}p{n},cache=unsafe,file.locking=off "
@@ -253,6 +257,8 @@ class Lab:
             f" -device virtio-scsi-pci,id=rtscsi -drive file={runtime},format=raw,if=none,id=rt,readonly=on"
             " -device scsi-hd,drive=rt,bus=rtscsi.0"
         )
+        self.qmp.unlink(missing_ok=True)
+        drives += f" -qmp unix:{self.qmp},server=on,wait=off"  # resize_disk: a LUN grown under the guest
         if self.cpu:
             drives += f" -cpu {self.cpu}"  # after virtme-ng's own -cpu: QEMU takes the last one
         cmd = [
@@ -366,6 +372,30 @@ class Lab:
         self.proc = None
         (self.workdir / "vm.pid").unlink(missing_ok=True)
         self._lock.close()
+
+    def resize_disk(self, index, size_bytes):
+        """Grow lab disk N under the running guest, every path of it, as a SAN grows a LUN or a
+        cloud a volume (QEMU's block_resize over its QMP socket): the guest sees the new size
+        at once (virtio). The image file grows with it."""
+        say(f"growing disk {index} ({self.guest_disk(index)}) to {size_bytes} bytes under the guest")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as qmp:
+            qmp.settimeout(60)
+            qmp.connect(str(self.qmp))
+            replies = qmp.makefile("r")
+
+            def ask(command, **arguments):
+                qmp.sendall(json.dumps({"execute": command, "arguments": arguments}).encode() + b"\n")
+                while True:  # events (a resize raises none we need) come before the answer
+                    reply = json.loads(replies.readline())
+                    if "return" in reply:
+                        return reply["return"]
+                    if "error" in reply:
+                        raise LabError(f"QMP {command} {arguments}: {reply['error']}")
+
+            json.loads(replies.readline())  # the greeting
+            ask("qmp_capabilities")
+            for path in range(self.paths):
+                ask("block_resize", device=f"d{index}p{path}", size=int(size_bytes))
 
     def __enter__(self):
         return self.start()

@@ -33,6 +33,7 @@ from . import (  # noqa: F401 - the package's modules, as core.<module> for its 
     kernel_watch,
     limits,
     luks,
+    lun,
     lvm,
     pillar,
     report,

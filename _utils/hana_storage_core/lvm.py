@@ -202,7 +202,10 @@ def lvcreate_command(lv_path, size, stripes, stripe_bytes, pvs):
 
 # ---- growth --------------------------------------------------------------------------------------
 
-PV_ROOM_FIELDS = "pv_name,vg_name,pv_pe_count,pv_pe_alloc_count,pv_allocatable,vg_extent_size"
+PV_ROOM_FIELDS = (
+    "pv_name,vg_name,pv_pe_count,pv_pe_alloc_count,pv_allocatable,vg_extent_size,"
+    "dev_size,pe_start,pv_mda_count,pv_mda_size"
+)
 
 
 def pv_room_command():
@@ -211,9 +214,11 @@ def pv_room_command():
 
 
 def parse_pv_room(text):
-    """PVs: [{pv, vg, extents, free, allocatable, extent_bytes}] (vg '' for an orphan PV, which
-    has no extents yet; free: extents not allocated; allocatable: LVM may put new extents there,
-    not after ``pvchange -x n``)."""
+    """PVs: [{pv, vg, extents, free, allocatable, extent_bytes, device_bytes, pe_start,
+    end_metadata_bytes}] (vg '' for an orphan PV, which has no extents yet; free: extents not
+    allocated; allocatable: LVM may put new extents there, not after ``pvchange -x n``;
+    device_bytes: the device's size as LVM read it, which a PV outgrows until ``pvresize``;
+    end_metadata_bytes: a second metadata area at the device's end, where there is one)."""
     rooms = []
     for index, row in enumerate(_rows(text, "pv")):
         where = f"pv {index}"
@@ -232,6 +237,11 @@ def parse_pv_room(text):
                 "free": extents - allocated,
                 "allocatable": _string(row, "pv_allocatable", where) == "allocatable",
                 "extent_bytes": extent_bytes,
+                "device_bytes": _integer(row, "dev_size", where),
+                "pe_start": _integer(row, "pe_start", where),
+                "end_metadata_bytes": (
+                    _integer(row, "pv_mda_size", where) if _integer(row, "pv_mda_count", where) > 1 else 0
+                ),
             }
         )
     return rooms

@@ -271,7 +271,8 @@ def test_an_lv_whose_first_segment_has_no_stripes_does_not_crash_the_pillar_gate
 
 def test_a_pv_report_with_no_extent_size_is_malformed():
     """vg_extent_size "" or "0" parses as 0; an absolute size then divides by it in extension()."""
-    row = {"pv_name": "/dev/a", "vg_name": "v", "pv_pe_count": "100", "pv_pe_alloc_count": "0"}
+    row = {"pv_name": "/dev/a", "vg_name": "v", "pv_pe_count": "100", "pv_pe_alloc_count": "0",
+           "dev_size": str(1 << 30), "pe_start": str(1 << 20), "pv_mda_count": "1", "pv_mda_size": "1044480"}  # fmt: skip
     for extent in ("", "0"):
         text = json.dumps({"report": [{"pv": [{**row, "vg_extent_size": extent}]}]})
         with pytest.raises(lvm.LvmReportError):

@@ -9,7 +9,12 @@ cryptsetup resize above LVM; xfs_growfs. Before that, device counts that would a
 in another geometry are refused with the counts named and nothing written. After it: two
 segments of the same geometry per LV, the filesystems as large as their devices, fio saw no
 corruption, checksums unchanged, the audit compliant, a second apply changes nothing, and the
-storage comes back at a boot without Salt. Last, the data volume grown by hand on two more disks
+storage comes back at a boot without Salt. Then LUNs grown in place under the running guest
+(QEMU's block_resize): both stripes of each LV's first pair and one disk of the log's second pair
+alone; test=True names each step and writes nothing; the apply runs cryptsetup resize (below
+LVM) and pvresize per LUN and grows each LV by one segment in its own two stripes, leaving the
+lone disk's room unused, while fio writes; checksums, audit, idempotence and a boot without
+Salt as before. Last, the data volume grown by hand on two more disks
 (vgextend, lvextend, cryptsetup resize) but not its XFS: HANA-LAYOUT-009, which
 `hana_storage.remediate` fixes online (xfs_growfs), the proof of that auto rule's fix; then by
 hand onto one more disk without stripes: a linear tail, HANA-LAYOUT-008.
@@ -237,6 +242,100 @@ def test_the_grown_volumes_come_back_at_a_boot_without_salt(vm, grown):
     close_storage(vm, list(MOUNTS), ["vg_hana_data", "vg_hana_log"])
     boot_without_salt(vm)
     assert sums(vm) == vm.sums
+    assert vm.salt("hana_storage.audit", check=True).ret["compliant"] is True
+
+
+# ---- LUNs grown in place -------------------------------------------------------------------------
+# Grown under the running guest (QEMU's block_resize, as a SAN resizes a LUN or a cloud a volume):
+# each stripe of the LVs' first segment, data above LVM (vda, vdb) and log below it (vdc, vdd
+# under hana_log_0 and _1), and one of the log's second pair alone (vdg under hana_log_2).
+LUNS = {0: "/dev/vda", 1: "/dev/vdb", 2: "/dev/vdc", 3: "/dev/vdd", 6: "/dev/vdg"}
+LUN_BYTES = 1536 << 20
+
+
+@pytest.fixture(scope="module")
+def luns_grown(vm, grown):
+    vm.layout_before = {name: segments(vm, lv) for name, lv in LVS.items()}
+    vm.sizes_before = {name: sizes(vm, f"/hana/{name}") for name in FIRST}
+    for index in LUNS:
+        vm.resize_disk(index, LUN_BYTES)
+    seen = vm.run(f"blockdev --getsize64 {' '.join(LUNS.values())}", check=True, echo=False).output.split()
+    assert seen == [str(LUN_BYTES)] * len(LUNS), seen
+    disks = [vm.checksum(n) for n in LUNS]
+    dry = vm.salt("state.apply hana.storage test=True", title="state.apply test=True, LUNs grown in place")
+    vm.dry_disks = (disks, [vm.checksum(n) for n in LUNS])
+    vm.run(
+        "".join(FIO.format(n=n, mount=m) + "\n" for n, m in enumerate(MOUNTS)),
+        check=True,
+        title="fio writing",
+    )
+    applied = vm.salt("state.apply hana.storage", title="state.apply: LUNs grown in place")
+    fio = vm.run(
+        "for n in 0 1; do kill -0 $(cat /run/fio$n.pid) && echo RUNNING$n; kill -INT $(cat /run/fio$n.pid); done\n"
+        "for n in 0 1; do while kill -0 $(cat /run/fio$n.pid) 2>/dev/null; do sleep 0.5; done; cat /run/fio$n.out; done",
+        title="stopping fio",
+        timeout=600,
+    ).output
+    return dry, applied, fio
+
+
+def test_test_mode_names_each_lun_growth_and_writes_nothing(vm, luns_grown):
+    dry, _, _ = luns_grown
+    would = {s["__id__"]: s["comment"] for s in dry.ret.values() if s["result"] is None}
+    assert "pvresize /dev/vda (" in would["hana-storage-data-lun-grown-0"], would
+    for n in (0, 1, 2):  # below LVM: the LUKS device first, with the key on a file
+        assert would[f"hana-storage-log-lun-grown-{n}"].startswith(
+            f"would grow /dev/mapper/hana_log_{n} with {LUNS[(2, 3, 6)[n]]}: "
+            f"cryptsetup resize --key-file {KEY_FILE} hana_log_{n} ("
+        ), would
+    assert "grew with its LUN" in would["hana-storage-data-lv-extended"], would
+    assert "hana-storage-data-lun-grown-2" not in would, would  # vde did not grow
+    assert all(not s["changes"] for s in dry.ret.values())
+    before, after = vm.dry_disks
+    assert before == after
+
+
+def test_the_apply_carries_each_grown_lun_up_to_the_filesystem_in_whole_stripes(vm, luns_grown):
+    _, applied, _ = luns_grown
+    assert applied.retcode == 0, failures(applied)
+    changes = {s["__id__"]: s["changes"] for s in applied.ret.values() if s["changes"]}
+    for n in (0, 1):
+        assert set(changes[f"hana-storage-data-lun-grown-{n}"]["grown"]) == {"pv"}, changes
+    for n in (0, 1, 2):
+        assert set(changes[f"hana-storage-log-lun-grown-{n}"]["grown"]) == {"crypt", "pv"}, changes
+    for name in FIRST:
+        found = segments(vm, LVS[name])
+        # one more segment in the LV's own two stripes, over the first pair only: the third PV
+        # that grew (hana_log_2) has no partner, and its room stays unused
+        assert found[:-1] == vm.layout_before[name], found
+        assert (found[-1][0], found[-1][1]) == (2, 65536), found
+        assert found[-1][2].count("(") == 2 and found[0][2].split(",")[0].split("(")[0] in found[-1][2], found
+        device, fs = sizes(vm, f"/hana/{name}")
+        assert device > vm.sizes_before[name][0] + (900 << 20), (name, device, vm.sizes_before)
+        assert device - fs < 64 << 20, (name, device, fs)
+
+
+def test_fio_saw_every_block_it_wrote_while_the_luns_grew(luns_grown):
+    _, _, fio = luns_grown
+    assert "RUNNING0" in fio and "RUNNING1" in fio, fio
+    assert fio.count("err= 0") == 2 and "verify" not in fio.lower().replace("verify_backlog", ""), fio
+
+
+def test_after_the_luns_grew_the_data_is_unchanged_the_audit_compliant_and_nothing_left(vm, luns_grown):
+    assert sums(vm) == vm.sums
+    assert vm.salt("hana_storage.audit", check=True).ret["compliant"] is True
+    again = vm.salt("state.apply hana.storage", title="state.apply again")
+    assert again.retcode == 0, failures(again)
+    changed = {s["__id__"]: s["changes"] for s in again.ret.values() if s["changes"]}
+    assert changed == {}, changed
+
+
+def test_the_grown_luns_come_back_at_a_boot_without_salt(vm, luns_grown):
+    grown_to = {name: sizes(vm, f"/hana/{name}") for name in FIRST}
+    close_storage(vm, list(MOUNTS), ["vg_hana_data", "vg_hana_log"])
+    boot_without_salt(vm)
+    assert sums(vm) == vm.sums
+    assert {name: sizes(vm, f"/hana/{name}") for name in FIRST} == grown_to
     assert vm.salt("hana_storage.audit", check=True).ret["compliant"] is True
 
 

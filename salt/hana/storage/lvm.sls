@@ -3,7 +3,8 @@
 # PVs, VG and one striped LV per volume: on the disks (above LVM) or on the opened LUKS devices
 # (below LVM). The formula's pv_present, vg_present and lv_present make the PVs, then the VG
 # and the LV on the pillar's PVs only; an existing VG or LV grows through vg_extended and
-# lv_extended, in the LV's own stripes (_states/hana_storage.py says why not Salt's states).
+# lv_extended, in the LV's own stripes (_states/hana_storage.py says why not Salt's states). A
+# LUN grown in place lends its new size to its PV first (lun_grown).
 ---
 {%- from "hana/storage/map.jinja" import hana_storage with context %}
 {%- if hana_storage.valid %}
@@ -34,6 +35,22 @@ hana-storage-{{ name }}-vg-extended:
     - require:
       - hana_storage: hana-storage-{{ name }}-vg
 
+{%-     for pv in volume.pvs %}
+
+hana-storage-{{ name }}-lun-grown-{{ loop.index0 }}:
+  hana_storage.lun_grown:
+    - name: {{ volume.devices[loop.index0] | json }}
+    - pv: {{ pv | json }}
+{%-       if not above %}
+    - key_file: {{ volume.key.file | json }}
+{%-       endif %}
+    - require:
+      - hana_storage: hana-storage-{{ name }}-vg-extended
+{%-       if not above %}
+      - hana_storage: hana-storage-{{ name }}-flags-{{ loop.index0 }}
+{%-       endif %}
+{%-     endfor %}
+
 hana-storage-{{ name }}-lv:
   hana_storage.lv_present:
     - name: {{ volume.lv_path | json }}
@@ -58,7 +75,14 @@ hana-storage-{{ name }}-lv-extended:
     - size: {{ volume.size | json }}
     - pvs: {{ volume.pvs | json }}
     - devices: {{ volume.devices | json }}
+    - grown_by:
+{%-     for pv in volume.pvs %}
+      - hana-storage-{{ name }}-lun-grown-{{ loop.index0 }}
+{%-     endfor %}
     - require:
       - hana_storage: hana-storage-{{ name }}-lv-active
+{%-     for pv in volume.pvs %}
+      - hana_storage: hana-storage-{{ name }}-lun-grown-{{ loop.index0 }}
+{%-     endfor %}
 {%-   endfor %}
 {%- endif %}
