@@ -469,11 +469,12 @@ def _header_of(name):
 
 
 def _claimed_uuid_of(name):
-    """The UUID the LUKS2 binary header of /dev/<name> names, unchecked (luks.claimed_uuid), if
-    it is one a format mark can be named by; else None."""
+    """The UUID the LUKS2 binary header of /dev/<name> names, unchecked, when the header is one a
+    luksFormat was killed while writing (luks.torn_format_uuid) and the UUID is one a format
+    mark can be named by; else None."""
     try:
         with _reader(f"/dev/{name}") as read:
-            claimed = core.luks.claimed_uuid(read(0, core.luks.BINARY_HEADER_SIZE))
+            claimed = core.luks.torn_format_uuid(read)
     except (ValueError, CommandExecutionError):
         return None
     return claimed if claimed and claimed.replace("-", "").isalnum() else None

@@ -200,13 +200,13 @@ def detach(caller, line, spool):
         return pid
     os.setsid()
     code = 1
-    try:
-        reply = call(caller, line)
-        code = reply["retcode"]
-    except Exception:  # noqa: BLE001 - the traceback goes to caller.out and the reply
-        reply = {"local": traceback.format_exc(), "retcode": 1}
-        traceback.print_exc()
-    try:
+    try:  # whatever happens, the child ends here: never back in the server's loop or its atexit
+        try:
+            reply = call(caller, line)
+            code = reply["retcode"]
+        except BaseException:  # noqa: BLE001 - SystemExit too; the traceback goes to caller.out and the reply
+            reply = {"local": traceback.format_exc(), "retcode": 1}
+            traceback.print_exc()
         tmp = os.path.join(spool, f"detached.{os.getpid()}.tmp")
         with open(tmp, "w") as handle:
             json.dump(reply, handle, default=repr)

@@ -63,6 +63,33 @@ def claimed_uuid(first_bytes):
         return None
 
 
+def torn_format_uuid(read):
+    """The UUID of a LUKS2 header a luksFormat was killed while writing (``claimed_uuid``), or
+    None for any other header. cryptsetup zeroes the header areas, then writes the primary copy
+    (binary header without its checksum, JSON area, binary header with it) and only then the
+    secondary copy: cut short, it leaves a primary that does not verify and a secondary area
+    that still reads all zero. A header whose primary verifies (unreadable for another reason:
+    an I/O error, metadata this parser rejects) or whose secondary area was written (a header
+    once whole and damaged since, restorable from a backup) is not one."""
+    start = read(0, BINARY_HEADER_SIZE)
+    uuid = claimed_uuid(start)
+    if uuid is None:
+        return None
+    size = struct.unpack_from(">Q", start, 8)[0]
+    if size not in LUKS2_HEADER_SIZES:
+        return None
+    try:
+        _read_luks2_copy(read, 0, MAGIC_PRIMARY, start)
+    except LuksError:
+        pass
+    else:
+        return None
+    secondary = read(size, size)
+    if len(secondary) != size or secondary.count(0) != size:
+        return None
+    return uuid
+
+
 def parse_header(read):
     """Summary of the LUKS header of a device, or LuksError."""
     start = read(0, BINARY_HEADER_SIZE)

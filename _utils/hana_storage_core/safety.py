@@ -161,7 +161,8 @@ DAMAGED_LUKS = (
 def unfinished_luks(probe):
     """A LUKS header without a single keyslot that this formula began: what its luksFormat leaves
     when killed between writing the header and adding the key, or while writing the header
-    itself (no copy readable yet; ``luks.error``). ``luks.format_began``: the probe found the
+    itself (no copy readable: the primary cut short, the secondary not written yet; ``luks.error``,
+    see luks.torn_format_uuid). ``luks.format_began``: the probe found the
     mark the formula leaves, by the UUID it gives the header, before it runs luksFormat, and
     removes once luksFormat returned. Nobody can decrypt anything behind it. Any other header
     without a keyslot, or unreadable (luksErase, a damaged or overwritten header), is damage,

@@ -37,7 +37,7 @@ def why_it_ended(vm, pid):
         return f"no reply from the detached call {pid} (read /run/salt/caller.out in the guest)"
     if isinstance(reply.ret, dict) and all(isinstance(s, dict) for s in reply.ret.values()):
         failed = {
-            key.split("_|-")[1]: s.get("comment")
+            (key.split("_|-") + [key])[1]: s.get("comment")
             for key, s in reply.ret.items()
             if s.get("result") is not True
         }

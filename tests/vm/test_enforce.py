@@ -385,7 +385,7 @@ def test_interrupted_applies_converge_without_formatting_twice(vm, first_apply):
                 echo=False,
                 timeout=1200,
             ).output
-            assert "KILLED" in out, f"the apply ended before {step}: {why_it_ended(vm, pid)}"
+            assert "KILLED" in out, f"the apply ended before {step} ({out[-300:]}): {why_it_ended(vm, pid)}"
             for what, uuid in identities(vm).items():
                 assert seen.setdefault(what, uuid) == uuid, f"{what} changed after the kill after {step}"
         final = vm.salt("state.apply hana.storage", title="the apply that finishes the job")
