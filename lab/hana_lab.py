@@ -142,6 +142,18 @@ class Result:
         return f"Result(rc={self.rc}, {self.seconds:.1f}s, {self.command[:60]!r})"
 
 
+def guest_cpus():
+    """vCPUs per guest: HANA_STORAGE_LAB_CPUS, else the host's cores shared by the lab slots
+    (at most 2). Each vCPU is a host thread under emulation; more of them than cores and a vCPU
+    spins on a lock whose holder's thread is not running. Two VM modules side by side on two
+    cores with 2 vCPUs each took 24.6 (enforce) and 23.1 min (grow); with 1 vCPU each 10.6 and
+    12.0 min, enforce as fast as alone with 2 (10.2 min). Alone, 2 vCPUs let the guest's
+    background work (a kill watcher, the argv sampler) run beside the apply."""
+    if os.environ.get("HANA_STORAGE_LAB_CPUS"):
+        return max(1, int(os.environ["HANA_STORAGE_LAB_CPUS"]))
+    return max(1, min(2, (os.cpu_count() or 1) // SLOTS))
+
+
 def _lab_slot():
     """Hold one of the SLOTS lab slots (a lock file each) until the returned file is closed."""
     waited = False
@@ -191,11 +203,7 @@ class Lab:
         # reaches a host over two paths: the first paths are vda.., the second follow them
         self.paths = paths
         self.workdir = pathlib.Path(workdir).resolve()
-        # vCPUs: HANA_STORAGE_LAB_CPUS, 2 by default. One vCPU spawns programs about twice as
-        # fast under emulation (no TLB shootdowns between vCPUs: 60 /bin/true 5.0 s against
-        # 8.9-12.8 s, same run, both orders), but the guest's own background work then shares
-        # the apply's CPU: rotation's kill loop ran 80-115 s an iteration on 1 against 40-60 on 2.
-        self.memory, self.cpus = memory, cpus or int(os.environ.get("HANA_STORAGE_LAB_CPUS", "2"))
+        self.memory, self.cpus = memory, cpus or guest_cpus()
         self.boot_timeout, self.fresh, self.verbose = boot_timeout, fresh, verbose
         self.network = network  # user-mode networking: the host is 10.0.2.2 from the guest
         # QEMU's CPU model; virtme-ng's "max" emulates AES-NI, "max,aes=off" a CPU without it
