@@ -77,23 +77,23 @@ def plan(facts):
                 f"/dev/mapper/{crypt['name']} ({crypt['bytes']} bytes) is larger than {device} "
                 f"leaves it ({fits} bytes): a LUN that shrank"
             )
-        sector = crypt.get("sector_bytes") or 512
-        if crypt["bytes"] < fits and fits % sector:
-            raise LunError(
-                f"/dev/mapper/{crypt['name']} would span {fits} bytes of {device}, no multiple of its "
-                f"{sector}-byte LUKS sectors (cryptsetup resize refuses that): grow the LUN to a "
-                f"multiple of {sector} bytes"
-            )
         if crypt["bytes"] < fits:
+            sector = crypt.get("sector_bytes") or 512
+            if fits % sector:
+                raise LunError(
+                    f"/dev/mapper/{crypt['name']} would span {fits} bytes of {device}, no multiple of its "
+                    f"{sector}-byte LUKS sectors (cryptsetup resize refuses that): grow the LUN to a "
+                    f"multiple of {sector} bytes"
+                )
             steps.append({"step": "crypt", "from": crypt["bytes"], "to": fits})
         size = fits
     pv, adds = facts.get("pv"), 0
-    if pv and pv["vg"] and pv["pe_start"] + pv["extents"] * pv["extent_bytes"] > size:
-        raise LunError(
-            f"the {pv['extents']} extents of the PV {pv['pv']} end past the {size} bytes under it: "
-            "a LUN that shrank"
-        )
     if pv and pv["vg"]:
+        if pv["pe_start"] + pv["extents"] * pv["extent_bytes"] > size:
+            raise LunError(
+                f"the {pv['extents']} extents of the PV {pv['pv']} end past the {size} bytes under it: "
+                "a LUN that shrank"
+            )
         after = pv_extents_at(pv, size)
         if after > pv["extents"]:
             steps.append({"step": "pv", "from": pv["extents"], "to": after})
