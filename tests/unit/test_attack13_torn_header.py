@@ -23,15 +23,14 @@ secondary area that still reads all zero.
 import contextlib
 import importlib.util
 import os
-import stat
 import struct
-import types
 
 import pytest
 from hana_storage_core import luks, safety
 from salt.exceptions import CommandExecutionError
 
 from tests.conftest import REPO
+from tests.support.fake_block import os_with_block_device
 from tests.unit.conftest import cryptsetup
 
 UUID = "5b7e0c1a-2d3f-4e5a-8b6c-7d8e9f0a1b2c"
@@ -87,33 +86,7 @@ def host_over(tmp_path, monkeypatch, data, stale_mark=True, unreadable=None):
 
         yield read
 
-    real_os = os
-
-    class FakePath:
-        def __getattr__(self, attr):
-            return getattr(real_os.path, attr)
-
-        @staticmethod
-        def exists(path):
-            return path == DEVICE or real_os.path.exists(path)
-
-        @staticmethod
-        def realpath(path):
-            return path if path == DEVICE else real_os.path.realpath(path)
-
-    class FakeOs(types.SimpleNamespace):
-        path = FakePath()
-
-        def __getattr__(self, attr):
-            return getattr(real_os, attr)
-
-        @staticmethod
-        def stat(path):
-            if path == DEVICE:
-                return types.SimpleNamespace(st_mode=stat.S_IFBLK | 0o660, st_rdev=real_os.makedev(252, 192))
-            return real_os.stat(path)
-
-    monkeypatch.setattr(host, "os", FakeOs())
+    monkeypatch.setattr(host, "os", os_with_block_device(DEVICE, 252, 192))
     monkeypatch.setattr(host, "_reader", reader)
     monkeypatch.setattr(host, "_kernel_name", lambda path: "vdm")
     monkeypatch.setattr(host, "_mounts", lambda: [])

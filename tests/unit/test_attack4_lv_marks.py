@@ -10,12 +10,11 @@ it, whoever made that LV and whatever was written to it: the marks say nothing a
 import importlib.util
 import json
 import os
-import stat
-import types
 
 from hana_storage_core import safety
 
 from tests.conftest import REPO
+from tests.support.fake_block import os_with_block_device
 
 LV = "/dev/vg_hana_data/lv_hana_data"
 UUIDS = ["0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0", "1f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"]
@@ -50,33 +49,7 @@ def host_with(tmp_path, monkeypatch):
         os.makedirs(os.path.dirname(mark), exist_ok=True)
         open(mark, "w").close()
 
-    real_os = os
-
-    class FakePath:
-        def __getattr__(self, attr):
-            return getattr(real_os.path, attr)
-
-        @staticmethod
-        def exists(path):
-            return path == LV or real_os.path.exists(path)
-
-        @staticmethod
-        def realpath(path):
-            return path if path == LV else real_os.path.realpath(path)
-
-    class FakeOs(types.SimpleNamespace):
-        path = FakePath()
-
-        def __getattr__(self, attr):
-            return getattr(real_os, attr)
-
-        @staticmethod
-        def stat(path):
-            if path == LV:
-                return types.SimpleNamespace(st_mode=stat.S_IFBLK | 0o660, st_rdev=real_os.makedev(253, 9))
-            return real_os.stat(path)
-
-    monkeypatch.setattr(host, "os", FakeOs())
+    monkeypatch.setattr(host, "os", os_with_block_device(LV, 253, 9))
     monkeypatch.setattr(host, "_kernel_name", lambda path: "dm-9")
     monkeypatch.setattr(host, "_mounts", lambda: [])
     monkeypatch.setattr(host, "_blkid", lambda path: ([], None))
