@@ -176,16 +176,15 @@ def test_test_mode_names_each_growth_step_and_writes_nothing(vm):
     assert [vm.checksum(n) for n in range(4, 8)] == new_disks
 
 
-@pytest.fixture(scope="module")
-def grown(vm):
-    """The apply that grows both volumes, with fio writing and verifying on each meanwhile."""
-    vm.set_pillar(grown_pillar(vm))
+def apply_while_fio_writes(vm, title):
+    """``state.apply`` with fio writing and verifying on each mountpoint meanwhile: (its result,
+    fio's output once both jobs were stopped after it)."""
     vm.run(
         "".join(FIO.format(n=n, mount=m) + "\n" for n, m in enumerate(MOUNTS)),
         check=True,
         title="fio writing",
     )
-    applied = vm.salt("state.apply hana.storage", title="state.apply: two more devices for each volume")
+    applied = vm.salt("state.apply hana.storage", title=title)
     # both fio jobs ran through the whole apply; stopped now, each must have ended without error
     fio = vm.run(
         "for n in 0 1; do kill -0 $(cat /run/fio$n.pid) && echo RUNNING$n; kill -INT $(cat /run/fio$n.pid); done\n"
@@ -194,6 +193,18 @@ def grown(vm):
         timeout=600,
     ).output
     return applied, fio
+
+
+def assert_fio_saw_no_error(fio):
+    assert "RUNNING0" in fio and "RUNNING1" in fio, fio  # still writing when the apply returned
+    assert fio.count("err= 0") == 2 and "verify" not in fio.lower().replace("verify_backlog", ""), fio
+
+
+@pytest.fixture(scope="module")
+def grown(vm):
+    """The apply that grows both volumes, with fio writing and verifying on each meanwhile."""
+    vm.set_pillar(grown_pillar(vm))
+    return apply_while_fio_writes(vm, "state.apply: two more devices for each volume")
 
 
 def test_the_apply_grows_each_volume_online_in_its_own_stripes(vm, grown):
@@ -221,8 +232,7 @@ def test_the_apply_grows_each_volume_online_in_its_own_stripes(vm, grown):
 
 def test_fio_saw_every_block_it_wrote_while_the_volumes_grew(grown):
     _, fio = grown
-    assert "RUNNING0" in fio and "RUNNING1" in fio, fio  # still writing when the apply returned
-    assert fio.count("err= 0") == 2 and "verify" not in fio.lower().replace("verify_backlog", ""), fio
+    assert_fio_saw_no_error(fio)
 
 
 def test_the_data_is_unchanged_and_the_audit_compliant(vm, grown):
@@ -264,19 +274,7 @@ def luns_grown(vm, grown):
     disks = [vm.checksum(n) for n in LUNS]
     dry = vm.salt("state.apply hana.storage test=True", title="state.apply test=True, LUNs grown in place")
     vm.dry_disks = (disks, [vm.checksum(n) for n in LUNS])
-    vm.run(
-        "".join(FIO.format(n=n, mount=m) + "\n" for n, m in enumerate(MOUNTS)),
-        check=True,
-        title="fio writing",
-    )
-    applied = vm.salt("state.apply hana.storage", title="state.apply: LUNs grown in place")
-    fio = vm.run(
-        "for n in 0 1; do kill -0 $(cat /run/fio$n.pid) && echo RUNNING$n; kill -INT $(cat /run/fio$n.pid); done\n"
-        "for n in 0 1; do while kill -0 $(cat /run/fio$n.pid) 2>/dev/null; do sleep 0.5; done; cat /run/fio$n.out; done",
-        title="stopping fio",
-        timeout=600,
-    ).output
-    return dry, applied, fio
+    return (dry, *apply_while_fio_writes(vm, "state.apply: LUNs grown in place"))
 
 
 def test_test_mode_names_each_lun_growth_and_writes_nothing(vm, luns_grown):
@@ -317,8 +315,7 @@ def test_the_apply_carries_each_grown_lun_up_to_the_filesystem_in_whole_stripes(
 
 def test_fio_saw_every_block_it_wrote_while_the_luns_grew(luns_grown):
     _, _, fio = luns_grown
-    assert "RUNNING0" in fio and "RUNNING1" in fio, fio
-    assert fio.count("err= 0") == 2 and "verify" not in fio.lower().replace("verify_backlog", ""), fio
+    assert_fio_saw_no_error(fio)
 
 
 def test_after_the_luns_grew_the_data_is_unchanged_the_audit_compliant_and_nothing_left(vm, luns_grown):
