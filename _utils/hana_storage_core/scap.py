@@ -135,6 +135,9 @@ def datastream(version, generated=None, status=STATUS):
         collection, f"{{{DS_NS}}}component", {"id": f"scap_{NAMESPACE}_comp_xccdf", "timestamp": when}
     )
     xccdf.append(_benchmark(rules, version, when, status))
+    # indented: oscap 1.3.7 skips the first of an odd number of profile selects that stand side
+    # by side without whitespace, and that rule is then never evaluated
+    ET.indent(collection)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(collection, encoding="unicode") + "\n"
 
 

@@ -84,6 +84,26 @@ def test_the_data_stream_is_valid_scap_1_3_with_one_rule_per_audit_rule(tmp_path
     assert sorted(ids) == sorted(rules.RULES)
 
 
+@pytest.mark.parametrize("drop", [0, 1], ids=["every rule", "one rule fewer"])
+def test_oscap_evaluates_every_rule_whatever_their_number(tmp_path, monkeypatch, drop):
+    """oscap 1.3.7 lost the profile's first select when the selects stood side by side with no
+    whitespace between them and their number was odd: HANA-ENC-001, the rule that finds an
+    unencrypted volume, was then never evaluated, and no scan said so."""
+    table = dict(list(rules.RULES.items())[: len(rules.RULES) - drop])
+    monkeypatch.setattr(rules, "RULES", table)
+    stream, results = tmp_path / "ds.xml", tmp_path / "results.xml"
+    stream.write_text(scap.datastream("0.0-test", status=str(tmp_path / "audit.status")))
+    done = subprocess.run(
+        ["oscap", "xccdf", "eval", "--profile", PROFILE, "--results", str(results), str(stream)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert "does not exist" not in done.stderr, done.stderr
+    evaluated = [
+        r.get("idref").rsplit("_rule_", 1)[1] for r in ET.parse(results).getroot().iter(f"{XCCDF}rule-result")
+    ]
+    assert sorted(evaluated) == sorted(table)
+
+
 def test_a_compliant_audit_passes_every_rule(scan):
     assert set(scan().values()) == {"pass"}
 
