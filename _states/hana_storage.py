@@ -93,8 +93,17 @@ def _run(argv):
             argv, python_shell=False, output_loglevel="quiet", ignore_retcode=True
         )
     except CommandExecutionError as error:
-        return False, f"cannot run {argv[0]}: {error}"[-600:]
-    return result["retcode"] == 0, (result["stderr"] or result["stdout"]).strip()[-600:]
+        return False, _brief(f"cannot run {argv[0]}: {error}")
+    return result["retcode"] == 0, _brief(result["stderr"] or result["stdout"])
+
+
+def _brief(message, limit=600):
+    """A command's message for a state's comment: whole, or its start (where most tools name the
+    cause, mkfs.xfs before its usage text) and its end."""
+    message = message.strip()
+    if len(message) <= limit:
+        return message
+    return f"{message[: limit // 2]} [...] {message[-limit // 2 :]}"
 
 
 SCRATCH = "/run/hana-storage/scratch"  # a ramfs: what Clevis copies of a header never reaches a disk
@@ -119,7 +128,7 @@ def _run_clevis(argv):
         result = __salt__["cmd.run_all"](
             argv, python_shell=False, output_loglevel="quiet", ignore_retcode=True, env={"TMPDIR": private}
         )
-        return result["retcode"] == 0, (result["stderr"] or result["stdout"]).strip()[-600:]
+        return result["retcode"] == 0, _brief(result["stderr"] or result["stdout"])
     finally:
         shutil.rmtree(private, ignore_errors=True)
 

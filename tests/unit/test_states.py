@@ -1351,6 +1351,15 @@ def test_formatted_reports_a_failed_mkfs(salt_functions, fs_probe):
     assert ret["result"] is False and ret["changes"] == {} and "Device or resource busy" in ret["comment"]
 
 
+def test_a_failed_mkfs_names_its_cause_not_only_its_usage_text(salt_functions, fs_probe):
+    """mkfs.xfs says why first, then prints its usage: the comment kept only the usage's end."""
+    usage = "".join(f"/* option {n} */\t[-o value={n}]\n" for n in range(40))
+    fail_commands(salt_functions, "Log size must be at least 64MB.\nUsage: mkfs.xfs\n" + usage)
+    ret = states.formatted(FS)
+    assert ret["result"] is False and "Log size must be at least 64MB." in ret["comment"], ret["comment"]
+    assert "[-o value=39]" in ret["comment"] and len(ret["comment"]) < 800
+
+
 @pytest.mark.parametrize(
     "live", [{"mountpoints": ["/srv/old"]}, {"holders": ["other_dm"]}], ids=["mounted", "held"]
 )
