@@ -140,6 +140,7 @@ def validate_pillar(pillar=None, host_checks=True):
             "system_devices": _host("system_devices")(),
             "paths": _host("path_facts")([backups] if isinstance(backups, str) else []),
             "lvs": _host("lv_geometry")(_lv_paths(config)),
+            **_host("boot_facts")(),
         }
     return core.pillar.validate(config, _schema(), facts, core.rules.auto_rules())
 
@@ -158,11 +159,12 @@ def settings(pillar=None, host_checks=True):
         salt '*' hana_storage.settings
     """
     systemd = (__grains__.get("systemd") or {}).get("version")  # the crypttab reader
+    boot = _host("boot_facts")()  # the memory a keyslot may have (core.kdf)
     if not host_checks:
-        # depends on the pillar alone: worked out once per pillar (a state run renders many SLS)
+        # depends on the pillar and these facts alone: worked out once (a state run renders many SLS)
         config, errors = _merged(pillar)
         digest = hashlib.sha256(
-            json.dumps([config, errors, systemd], sort_keys=True, default=str).encode()
+            json.dumps([config, errors, systemd, boot], sort_keys=True, default=str).encode()
         ).hexdigest()
         cached = __context__.get("hana_storage.plan")
         if cached and cached[0] == digest:
@@ -172,7 +174,8 @@ def settings(pillar=None, host_checks=True):
         result = {"valid": False, "errors": errors, "config": None}
     else:
         config, _ = _merged(pillar)
-        result = {"valid": True, "errors": [], "config": core.pillar.normalize(config, systemd)}
+        plan = core.pillar.normalize(config, systemd, boot["memory"].get("total_kib"), boot["crypttab"])
+        result = {"valid": True, "errors": [], "config": plan}
     if not host_checks:
         __context__["hana_storage.plan"] = (digest, copy.deepcopy(result))
     return result

@@ -318,6 +318,18 @@ def system_devices():
     return sorted(f"/dev/{name}" for name in names)
 
 
+def boot_facts():
+    """What a boot opens its LUKS devices with: ``memory``, the host's RAM (``/proc/meminfo``'s
+    MemTotal; cryptsetup counts sysconf's physical pages, the same outside a container), and
+    ``crypttab``, the lines systemd opens (core.tab)."""
+    memory = {"error": "/proc/meminfo: no MemTotal line"}
+    for line in _read("/proc/meminfo").splitlines():
+        fields = line.split()
+        if fields[:1] == ["MemTotal:"] and len(fields) >= 2 and fields[1].isdigit():
+            memory = {"total_kib": int(fields[1])}
+    return {"memory": memory, "crypttab": _parsed_file("/etc/crypttab", core.tab.parse_crypttab)}
+
+
 def _read(path):
     try:
         with open(path, encoding="utf-8") as handle:

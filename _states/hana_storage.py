@@ -465,7 +465,7 @@ def luks_formatted(
     ret = _ret(name)
     what = (
         f"{luks['type'].upper()} {luks['cipher']}, {luks['key_size']}-bit key, {luks['sector_size']}-byte "
-        f"sectors, {luks['pbkdf'].get('type', 'argon2id')}"
+        f"sectors, {core.kdf.describe(luks['pbkdf'])}"
     )
     if not os.path.exists(name):
         if __opts__["test"]:

@@ -36,6 +36,7 @@ CONTROLS = {
     "IA-5": Control(NIST, "IA-5", "Authenticator Management", NIST_HREF),
     "CP-9": Control(NIST, "CP-9", "System Backup", NIST_HREF),
     "CM-6": Control(NIST, "CM-6", "Configuration Settings", NIST_HREF),
+    "CP-10": Control(NIST, "CP-10", "System Recovery and Reconstitution", NIST_HREF),
     "SI-7": Control(NIST, "SI-7", "Software, Firmware, and Information Integrity", NIST_HREF),
     "PCI-3.5.1.2": Control(
         PCI,

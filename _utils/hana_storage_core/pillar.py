@@ -18,6 +18,8 @@ import posixpath
 import re
 from typing import NamedTuple
 
+from . import kdf
+
 PREFIX = "hana:storage"
 REDACTED = "<redacted>"
 RUNTIME_DIR = "/run/hana-storage"  # the formula's own: ramfs for pillar keys and Clevis' scratch
@@ -588,12 +590,29 @@ def host_errors(config, facts):
                 errors.append(f"{where}: {device} is the same disk as {realpaths[real][1]} ({real})")
             realpaths.setdefault(real, (where, device))
     errors += _growth_errors(config, facts.get("lvs", {}))
+    errors += _boot_memory_errors(config, facts)
     directory = (config.get("header_backup") or {}).get("directory")
     fact = facts.get("paths", {}).get(directory) if directory else None
     if fact:
         mountpoints = {name: volume["mountpoint"] for name, volume in config["volumes"].items()}
         errors += _header_backup_errors(config, mountpoints, fact.get("realpath"), fact.get("fstype"))
     return errors
+
+
+def _boot_memory_errors(config, facts):
+    """The share of RAM each keyslot gets at boot (core.kdf) against the audit's minimum."""
+    ram_kib = (facts.get("memory") or {}).get("total_kib")
+    boot = normalize(config, None, ram_kib, facts.get("crypttab"))["luks"]["boot"]
+    minimum = config.get("compliance", {}).get("min_pbkdf", {})
+    floor = kdf.share_below_policy(config["luks"].get("pbkdf", {}), minimum, boot["share_kib"])
+    if floor is None:
+        return []
+    return [
+        f"{keypath('compliance', 'min_pbkdf', 'memory_kib')}: {boot['devices']} LUKS devices open "
+        f"together at boot, and half of this host's {ram_kib // 1024} MiB of RAM gives each keyslot "
+        f"{boot['share_kib']} KiB, less than the {floor} KiB asked here: lower it, or use "
+        "luks:pbkdf:type pbkdf2, fewer devices or a host with more RAM"
+    ]
 
 
 def validate(config, schema, facts=None, fixable=None):
@@ -684,11 +703,13 @@ def _volume_key(name, raw, config):
     return planned
 
 
-def normalize(config, systemd_version=None):
+def normalize(config, systemd_version=None, ram_kib=None, crypttab=None):
     """A valid merged config -> the plan: every volume fully spelled out, no key material.
 
     ``systemd_version``: the host's (its crypttab reader); crypttab options it does not know
-    are left out, and the LUKS2 header's persistent flags carry those at boot.
+    are left out, and the LUKS2 header's persistent flags carry those at boot. ``ram_kib`` and
+    ``crypttab`` (parsed): the host's RAM and what its boot opens besides the plan; a keyslot
+    the formula makes gets at most its share of the RAM at boot (``luks.boot``, core.kdf).
     """
     volumes = {}
     for name in sorted(config["volumes"]):
@@ -739,6 +760,10 @@ def normalize(config, systemd_version=None):
     plan["key"] = _without_material(config["key"])
     plan["luks"]["flags"] = crypt_flags(config["luks"])
     plan["luks"]["dm_flags"] = [f["dm"] for f in plan["luks"]["flags"] if f["wanted"]]
+    opened_at_boot = kdf.boot_crypt_names(kdf.plan_crypt_names(volumes), crypttab)
+    share = kdf.boot_share_kib(ram_kib, len(opened_at_boot))
+    plan["luks"]["boot"] = {"ram_kib": ram_kib, "devices": len(opened_at_boot), "share_kib": share}
+    plan["luks"]["pbkdf"] = kdf.keyslot_pbkdf(config["luks"].get("pbkdf", {}), share)
     plan["volumes"] = volumes
     return plan
 

@@ -8,7 +8,7 @@ not be gathered is ``{"error": "..."}`` and the rule that needs it says so.
 
 from typing import NamedTuple
 
-from . import controls, stack, tab, xfs
+from . import controls, kdf, stack, tab, xfs
 
 
 class Fix(NamedTuple):
@@ -254,6 +254,13 @@ RULES = {
         rationale="The volume is not mounted at boot, or runs with other options than sized for.",
         controls=STORAGE,
     ),
+    "HANA-PERSIST-003": Rule(
+        "high",
+        "keyslot needs more memory than the host gives each device opened at boot",
+        rationale="systemd opens every crypttab line at once, each with the argon2 memory of its "
+        "keyslot: together they can need more than the host has, and it does not come back after a reboot.",
+        controls=("CP-10", "CM-6"),
+    ),
     "HANA-KEY-001": Rule(
         "high",
         "key file readable by others than root",
@@ -489,7 +496,6 @@ def fix_for(plan, finding, volume_summary):
     return {"state": fix.state, "kwargs": kwargs}
 
 
-KDF_STRENGTH = {"pbkdf2": 0, "argon2i": 1, "argon2id": 2}
 # crypttab options the formula decides on besides the flags' (plan luks.flags); others an admin
 # adds are left alone
 MANAGED_CRYPTTAB_OPTIONS = {"luks", "noauto", "_netdev"}
@@ -515,6 +521,9 @@ class VolumeAudit:
         self.devices = facts.get("devices", {})
         self.findings = []
         self.reencryption = {}  # crypt device path -> the header's re-encryption fact, while one runs
+        # what the plan's keyslots are made with (core.kdf): the whole plan's, also in an audit
+        # of some of its volumes
+        self.boot = plan["luks"].get("boot") or {"share_kib": None}
 
     def add(self, rule, device, expected, actual, message):
         severity, remediation = RULES[rule].severity, RULES[rule].remediation
@@ -762,7 +771,7 @@ class VolumeAudit:
                 f"{path} has a {segment['key_bits']}-bit key, below the policy's {luks['key_size']} bits{note}",
             )
         if header:
-            self._kdf_rules(path, header)
+            self._kdf_rules(path, header, backing)
             self._keyslot_rules(path, header, backing)
             self._header_backup_rules(path, device["dm_name"], header)
         if segment["sector_size"] != luks["sector_size"]:
@@ -796,15 +805,15 @@ class VolumeAudit:
                 "aesni_intel on x86, vmx_crypto on POWER)",
             )
 
-    def _kdf_rules(self, path, header):
+    def _kdf_rules(self, path, header, backing):
         clevis = self._pillar_clevis_keyslots(header)
+        minimum = self.plan.get("compliance", {}).get("min_pbkdf", {})
         weak = [  # a keyslot without a KDF holds no key (a re-encryption's reencrypt keyslot)
             f"keyslot {s['id']}: {_kdf_text(s['kdf'])}"
             for s in header["keyslots"]
-            if s.get("kdf") is not None and str(s["id"]) not in clevis and self._weak(s["kdf"])
+            if s.get("kdf") is not None and str(s["id"]) not in clevis and kdf.weaker(s["kdf"], minimum)
         ]
         if weak:
-            minimum = self.plan.get("compliance", {}).get("min_pbkdf", {})
             self.add(
                 "HANA-ENC-006",
                 path,
@@ -812,6 +821,24 @@ class VolumeAudit:
                 weak,
                 f"{path}: {', '.join(weak)} weaker than policy; add a new keyslot with "
                 "cryptsetup luksConvertKey --pbkdf argon2id",
+            )
+        share = self.boot["share_kib"]
+        heavy = kdf.above_share(header["keyslots"], share)
+        if heavy:
+            where = self.devices[backing]["path"] if backing in self.devices else "<its device>"
+            convert = "; ".join(
+                f"cryptsetup luksConvertKey {where} --key-slot {slot} --pbkdf-memory {share} --key-file <its key>"
+                for slot, _ in heavy
+            )
+            self.add(
+                "HANA-PERSIST-003",
+                path,
+                f"at most {share} KiB of argon2 memory per keyslot",
+                [f"keyslot {slot}: {memory} KiB" for slot, memory in heavy],
+                f"{path}: {', '.join(f'keyslot {slot} needs {memory} KiB' for slot, memory in heavy)}; "
+                f"{self.boot['devices']} LUKS devices open together at boot and half of this host's "
+                f"{self.boot['ram_kib'] // 1024} MiB of RAM gives each {share} KiB: the boot can run out "
+                f"of memory. Convert: {convert}",
             )
 
     def _keyslot_rules(self, path, header, backing):
@@ -936,17 +963,6 @@ class VolumeAudit:
     def _pillar_clevis_keyslots(self, header):
         key = self.volume["key"]
         return pillar_clevis_keyslots(header, key["tang"] if key["source"] == "tang" else None)
-
-    def _weak(self, kdf):
-        minimum = self.plan.get("compliance", {}).get("min_pbkdf", {})
-        min_type = minimum.get("type", "argon2i")
-        if KDF_STRENGTH.get(kdf["type"], -1) < KDF_STRENGTH[min_type]:
-            return True
-        if kdf["type"] == "pbkdf2":
-            return kdf.get("iterations", 0) < minimum.get("iterations", 0)
-        return kdf.get("memory", 0) < minimum.get("memory_kib", 0) or kdf.get("time", 0) < minimum.get(
-            "time", 0
-        )
 
     def _tang_rules(self, path, header):
         tang = self.volume["key"]["tang"]

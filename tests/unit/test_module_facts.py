@@ -250,3 +250,17 @@ def test_the_loader_modules_import_the_formulas_code_never_through_utils():
         for p in (REPO / d).glob("*.py")
     )
     assert "__utils__[" not in text and '_util("' not in text
+
+
+def test_the_hosts_ram_is_what_cryptsetup_measures_and_an_odd_meminfo_is_an_error(module, monkeypatch):
+    """cryptsetup reads the RAM as sysconf's physical pages; /proc/meminfo's MemTotal is the same."""
+    import os
+
+    pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 1024
+    assert module.boot_facts()["memory"] == {"total_kib": pages}
+    real_read = module._read
+    for text in ("", "MemTotal: lots kB\n", "MemTotal:\n"):
+        monkeypatch.setattr(
+            module, "_read", lambda path, text=text: text if path == "/proc/meminfo" else real_read(path)
+        )
+        assert "error" in module.boot_facts()["memory"], text

@@ -618,7 +618,7 @@ def test_devices_safe_stops_at_a_failed_wipe(salt_functions):
 LV = "/dev/vg_hana_data/lv_hana_data"
 LUKS = {"type": "luks2", "cipher": "aes-xts-plain64", "key_size": 512, "sector_size": 4096,
         "pbkdf": {"type": "argon2id", "memory_kib": 1048576}}  # fmt: skip
-LUKS_WHAT = "LUKS2 aes-xts-plain64, 512-bit key, 4096-byte sectors, argon2id"
+LUKS_WHAT = "LUKS2 aes-xts-plain64, 512-bit key, 4096-byte sectors, argon2id, at most 1048576 KiB of memory"
 
 
 def luks_format_argv(key_file, *tail):

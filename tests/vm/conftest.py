@@ -89,7 +89,12 @@ def scap_scan(vm, name):
 # one of its paths), LVM again (below LVM the PVs appear only now), then every XFS mount of
 # /etc/fstab.
 BOOT_WITHOUT_SALT = r"""set -u
+attach_one() {
+  timeout "${ATTACH_TIMEOUT:-180}" /lib/systemd/systemd-cryptsetup attach "$1" "$2" "$3" "$4" 2>&1 \
+    || echo "ATTACH FAILED $1"
+}
 attach() {
+  pids=
   while read -r name dev key opts; do
     case "$name" in ''|'#'*) continue;; esac
     [ -e "/dev/mapper/$name" ] && continue
@@ -98,9 +103,10 @@ attach() {
     *) found=$dev;; esac
     [ -n "$found" ] || continue
     echo "attach $name $found $opts"
-    timeout "${ATTACH_TIMEOUT:-180}" /lib/systemd/systemd-cryptsetup attach "$name" "$found" "$key" "$opts" 2>&1 \
-      || echo "ATTACH FAILED $name"
+    if [ -n "${PARALLEL:-}" ]; then attach_one "$name" "$found" "$key" "$opts" & pids="$pids $!"
+    else attach_one "$name" "$found" "$key" "$opts"; fi
   done </etc/crypttab
+  for pid in $pids; do wait "$pid"; done  # not the Clevis agent's
 }
 # A key field "none" (a Tang volume): Clevis's password agent answers systemd-cryptsetup, as
 # clevis-luks-askpass.path starts it at boot. A boot starts with no passphrase cached:
@@ -134,12 +140,12 @@ def close_storage(vm, mountpoints, vgs, then=""):
     )
 
 
-def boot_without_salt(vm, expect_locked=(), attach_timeout=180):
+def boot_without_salt(vm, expect_locked=(), attach_timeout=180, parallel=False):
     """BOOT_WITHOUT_SALT in the guest; fails unless every crypttab line but ``expect_locked``
-    attached (each within ``attach_timeout`` seconds) with every option accepted. Returns its
-    output."""
+    attached (each within ``attach_timeout`` seconds) with every option accepted. ``parallel``:
+    every line at once, as systemd's units do at a boot. Returns its output."""
     out = vm.run(
-        f"ATTACH_TIMEOUT={int(attach_timeout)}\n" + BOOT_WITHOUT_SALT,
+        f"ATTACH_TIMEOUT={int(attach_timeout)}\nPARALLEL={'1' if parallel else ''}\n" + BOOT_WITHOUT_SALT,
         title="booting the storage without Salt: systemd-cryptsetup, LVM, fstab",
     ).output
     failed = sorted(re.findall(r"ATTACH FAILED (\S+)", out))
