@@ -174,7 +174,9 @@ def settings(pillar=None, host_checks=True):
         result = {"valid": False, "errors": errors, "config": None}
     else:
         config, _ = _merged(pillar)
-        plan = core.pillar.normalize(config, systemd, boot["memory"].get("total_kib"), boot["crypttab"])
+        plan = core.pillar.normalize(
+            config, systemd, boot["memory"].get("total_kib"), boot["crypttab"], boot["fips"]
+        )
         result = {"valid": True, "errors": [], "config": plan}
     if not host_checks:
         __context__["hana_storage.plan"] = (digest, copy.deepcopy(result))

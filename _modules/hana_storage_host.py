@@ -32,6 +32,7 @@ SYSTEM_MOUNTS = ("/", "/boot", "/boot/efi", "/usr", "/var")
 SYSFS_BLOCK = "/sys/class/block"
 # the device-mapper driver's misc device: present once the kernel has device-mapper
 DM_DRIVER = "/sys/class/misc/device-mapper"
+FIPS_ENABLED = "/proc/sys/crypto/fips_enabled"
 LVM_REPORT = "hana_storage_host.lvm_report"  # __context__: (lvm.report_key, segments)
 # Where a disk's identity is: SCSI (SAN LUNs), NVMe, virtio (its serial)
 WWID_FILES = ("device/wwid", "wwid", "serial", "device/serial")
@@ -320,14 +321,20 @@ def system_devices():
 
 def boot_facts():
     """What a boot opens its LUKS devices with: ``memory``, the host's RAM (``/proc/meminfo``'s
-    MemTotal; cryptsetup counts sysconf's physical pages, the same outside a container), and
-    ``crypttab``, the lines systemd opens (core.tab)."""
+    MemTotal; cryptsetup counts sysconf's physical pages, the same outside a container),
+    ``crypttab``, the lines systemd opens (core.tab), and ``fips``, whether the kernel runs in
+    FIPS mode (cryptsetup then opens PBKDF2 keyslots only)."""
     memory = {"error": "/proc/meminfo: no MemTotal line"}
     for line in _read("/proc/meminfo").splitlines():
         fields = line.split()
         if fields[:1] == ["MemTotal:"] and len(fields) >= 2 and fields[1].isdigit():
             memory = {"total_kib": int(fields[1])}
-    return {"memory": memory, "crypttab": _parsed_file("/etc/crypttab", core.tab.parse_crypttab)}
+    return {
+        "memory": memory,
+        "crypttab": _parsed_file("/etc/crypttab", core.tab.parse_crypttab),
+        # a kernel built without FIPS support has no such file: not in FIPS mode
+        "fips": _read(FIPS_ENABLED).strip() == "1",
+    }
 
 
 def _read(path):

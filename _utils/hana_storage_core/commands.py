@@ -26,6 +26,7 @@ def pbkdf_args(pbkdf):
         ("memory_kib", "--pbkdf-memory"),
         ("parallel", "--pbkdf-parallel"),
         ("force_iterations", "--pbkdf-force-iterations"),
+        ("hash", "--hash"),  # PBKDF2's (FIPS mode: sha256)
     ):
         if key in pbkdf:
             args += [flag, str(pbkdf[key])]

@@ -94,6 +94,34 @@ def derived_at_boot(slot):
     )
 
 
+# What a host in FIPS mode opens: PBKDF2 with a SHA-2 hash (NIST SP 800-132); cryptsetup
+# refuses argon2 there, not a FIPS-approved KDF. The formula makes SHA-256 keyslots: cryptsetup's
+# default, and its PBKDF2 benchmark with SHA-512 fails in FIPS mode (SLE Micro 6.1, longhorn
+# #12721). cryptsetup makes no PBKDF2 keyslot below 1000 iterations.
+FIPS_HASHES = ("sha256", "sha384", "sha512")
+FIPS_PBKDF = {"type": "pbkdf2", "hash": "sha256"}
+PBKDF2_MIN_ITERATIONS = 1000
+
+
+def name(kdf):
+    """``pbkdf2-sha256``, ``argon2id``: a keyslot's KDF by the names FIPS rules use."""
+    return f"{kdf['type']}-{kdf['hash']}" if kdf.get("hash") else kdf["type"]
+
+
+def fips_usable(kdf):
+    """Does a host in FIPS mode open a keyslot of this ``kdf`` (parsed from its header)?"""
+    return kdf["type"] == "pbkdf2" and kdf.get("hash") in FIPS_HASHES
+
+
+def not_fips_usable(keyslots):
+    """``[(keyslot id, its KDF)]`` of the keyslots a boot derives that FIPS mode refuses."""
+    return [
+        (slot["id"], slot["kdf"])
+        for slot in keyslots
+        if derived_at_boot(slot) and not fips_usable(slot["kdf"])
+    ]
+
+
 def weaker(kdf, minimum):
     """Is a keyslot's ``kdf`` (parsed from its header) weaker than the policy's ``minimum``
     (compliance:min_pbkdf)?"""

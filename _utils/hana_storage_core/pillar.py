@@ -349,6 +349,9 @@ def semantic_errors(config, fixable=None):
         errors += _key_errors(config["key"], ("key",))
         key_paths += _key_paths(config["key"], ("key",))
     errors += _options_errors(config.get("volume_defaults", {}), ("volume_defaults",))
+    if config.get("compliance", {}).get("fips"):
+        errors += _fips_errors(config, "compliance:fips says the host is about to run in FIPS mode")
+    errors += _pbkdf2_errors(config["luks"].get("pbkdf", {}))
 
     device_owner, mountpoints, names = {}, {}, {}
     for name, volume in volumes.items():
@@ -591,11 +594,44 @@ def host_errors(config, facts):
             realpaths.setdefault(real, (where, device))
     errors += _growth_errors(config, facts.get("lvs", {}))
     errors += _boot_memory_errors(config, facts)
+    if facts.get("fips") is True:
+        errors += _fips_errors(config, "this host runs in FIPS mode")
     directory = (config.get("header_backup") or {}).get("directory")
     fact = facts.get("paths", {}).get(directory) if directory else None
     if fact:
         mountpoints = {name: volume["mountpoint"] for name, volume in config["volumes"].items()}
         errors += _header_backup_errors(config, mountpoints, fact.get("realpath"), fact.get("fstype"))
+    return errors
+
+
+def _pbkdf2_errors(pbkdf):
+    """What cryptsetup refuses in a PBKDF2 policy."""
+    if pbkdf.get("type") != "pbkdf2":
+        return []
+    errors = [
+        f"{keypath('luks', 'pbkdf', key)}: PBKDF2 has no {what}; leave it out"
+        for key, what in (("memory_kib", "memory cost"), ("parallel", "threads"))
+        if key in pbkdf
+    ]
+    if pbkdf.get("force_iterations", kdf.PBKDF2_MIN_ITERATIONS) < kdf.PBKDF2_MIN_ITERATIONS:
+        errors.append(
+            f"{keypath('luks', 'pbkdf', 'force_iterations')}: cryptsetup makes PBKDF2 keyslots with "
+            f"{kdf.PBKDF2_MIN_ITERATIONS} iterations or more (NIST SP 800-132)"
+        )
+    return errors
+
+
+def _fips_errors(config, why):
+    """What a host in FIPS mode cannot do: make an argon2 keyslot, or call PBKDF2 ones weak."""
+    errors = []
+    if config["luks"].get("pbkdf", {}).get("type", "argon2id") != "pbkdf2":
+        errors.append(
+            f"{keypath('luks', 'pbkdf', 'type')}: {why}, where cryptsetup makes and opens only PBKDF2 keyslots: set pbkdf2"
+        )
+    if config.get("compliance", {}).get("min_pbkdf", {}).get("type", "argon2i") != "pbkdf2":
+        errors.append(
+            f"{keypath('compliance', 'min_pbkdf', 'type')}: {why}: every keyslot is PBKDF2 there; set pbkdf2"
+        )
     return errors
 
 
@@ -703,13 +739,15 @@ def _volume_key(name, raw, config):
     return planned
 
 
-def normalize(config, systemd_version=None, ram_kib=None, crypttab=None):
+def normalize(config, systemd_version=None, ram_kib=None, crypttab=None, host_fips=False):
     """A valid merged config -> the plan: every volume fully spelled out, no key material.
 
     ``systemd_version``: the host's (its crypttab reader); crypttab options it does not know
     are left out, and the LUKS2 header's persistent flags carry those at boot. ``ram_kib`` and
     ``crypttab`` (parsed): the host's RAM and what its boot opens besides the plan; a keyslot
     the formula makes gets at most its share of the RAM at boot (``luks.boot``, core.kdf).
+    ``host_fips``: the host runs in FIPS mode; with ``compliance:fips`` it makes ``luks.fips``:
+    keyslots PBKDF2-SHA256, made and audited so.
     """
     volumes = {}
     for name in sorted(config["volumes"]):
@@ -764,6 +802,9 @@ def normalize(config, systemd_version=None, ram_kib=None, crypttab=None):
     share = kdf.boot_share_kib(ram_kib, len(opened_at_boot))
     plan["luks"]["boot"] = {"ram_kib": ram_kib, "devices": len(opened_at_boot), "share_kib": share}
     plan["luks"]["pbkdf"] = kdf.keyslot_pbkdf(config["luks"].get("pbkdf", {}), share)
+    plan["luks"]["fips"] = bool(host_fips or config.get("compliance", {}).get("fips"))
+    if plan["luks"]["fips"] and plan["luks"]["pbkdf"].get("type") == "pbkdf2":
+        plan["luks"]["pbkdf"]["hash"] = kdf.FIPS_PBKDF["hash"]
     plan["volumes"] = volumes
     return plan
 

@@ -151,6 +151,13 @@ RULES = {
         "and the data.",
         controls=("SC-28", "CP-9", "SI-7"),
     ),
+    "HANA-ENC-008": Rule(
+        "high",
+        "keyslot KDF that FIPS mode refuses",
+        rationale="A host in FIPS mode (or about to run in it: compliance:fips) opens PBKDF2-SHA256 keyslots only: "
+        "an argon2 keyslot no longer unlocks the volume at boot.",
+        controls=("SC-13", "CM-6"),
+    ),
     "HANA-PERF-001": Rule(
         "medium",
         "LUKS sector size differs from policy",
@@ -807,25 +814,52 @@ class VolumeAudit:
 
     def _kdf_rules(self, path, header, backing):
         clevis = self._pillar_clevis_keyslots(header)
+        where = self.devices[backing]["path"] if backing in self.devices else "<its device>"
+        fips = bool(self.luks.get("fips"))
+        refused = dict(kdf.not_fips_usable(header["keyslots"])) if fips else {}
         minimum = self.plan.get("compliance", {}).get("min_pbkdf", {})
+        if fips:  # every keyslot is PBKDF2 there (pillar.py refuses another minimum before an apply)
+            minimum = {**minimum, "type": "pbkdf2"}
         weak = [  # a keyslot without a KDF holds no key (a re-encryption's reencrypt keyslot)
             f"keyslot {s['id']}: {_kdf_text(s['kdf'])}"
             for s in header["keyslots"]
-            if s.get("kdf") is not None and str(s["id"]) not in clevis and kdf.weaker(s["kdf"], minimum)
+            if s.get("kdf") is not None
+            and str(s["id"]) not in clevis
+            and s["id"] not in refused  # HANA-ENC-008's
+            and kdf.weaker(s["kdf"], minimum)
         ]
         if weak:
+            remake = (
+                f"--pbkdf pbkdf2 --hash sha256 --pbkdf-force-iterations {minimum.get('iterations', 0)}"
+                if fips
+                else "--pbkdf argon2id"
+            )
             self.add(
                 "HANA-ENC-006",
                 path,
                 _kdf_text({"type": "argon2i", **minimum}),
                 weak,
-                f"{path}: {', '.join(weak)} weaker than policy; add a new keyslot with "
-                "cryptsetup luksConvertKey --pbkdf argon2id",
+                f"{path}: {', '.join(weak)} weaker than policy; make it again with "
+                f"cryptsetup luksConvertKey {where} --key-slot <n> {remake} --key-file <its key>",
+            )
+        if refused:
+            convert = "; ".join(
+                f"cryptsetup luksConvertKey {where} --key-slot {slot} --pbkdf pbkdf2 --hash sha256 "
+                "--key-file <its key>"
+                for slot in refused
+            )
+            self.add(
+                "HANA-ENC-008",
+                path,
+                f"pbkdf2 with {', '.join(kdf.FIPS_HASHES)}",
+                [f"keyslot {slot}: {kdf.name(made)}" for slot, made in refused.items()],
+                f"{path}: {', '.join(f'keyslot {slot} ({kdf.name(made)})' for slot, made in refused.items())} "
+                "cannot be opened in FIPS mode (this host's, or compliance:fips). Convert while FIPS mode "
+                f"is off (in it, an argon2 keyslot cannot be opened to convert it): {convert}",
             )
         share = self.boot["share_kib"]
         heavy = kdf.above_share(header["keyslots"], share)
         if heavy:
-            where = self.devices[backing]["path"] if backing in self.devices else "<its device>"
             convert = "; ".join(
                 f"cryptsetup luksConvertKey {where} --key-slot {slot} --pbkdf-memory {share} --key-file <its key>"
                 for slot, _ in heavy

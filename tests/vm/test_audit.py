@@ -198,6 +198,9 @@ def test_every_rule_fires_somewhere(audit):
     # LAYOUT-008 (a linear tail grown by hand) and LAYOUT-009 (an XFS not grown with its LV):
     # test_grow.py, on the volumes it grew (QEMU has no PCI slot left here for more disks)
     elsewhere |= {"HANA-LAYOUT-008", "HANA-LAYOUT-009"}
+    # PERSIST-003 (a keyslot above its share of the RAM at boot): test_many_luns.py; ENC-008 (FIPS
+    # mode): below, with the pillar of a host about to enable it
+    elsewhere |= {"HANA-PERSIST-003", "HANA-ENC-008"}
     assert fired >= set(hana_storage_rules.RULES) - elsewhere
 
 
@@ -224,6 +227,34 @@ def test_a_cpu_with_aes_instructions_gets_the_accelerated_driver(vm, audit):
     drivers = vm.run("grep -A1 '^name *: xts(aes)$' /proc/crypto", echo=False).output
     assert "xts-aes-aesni" in drivers, drivers
     assert not [f for f in audit["findings"] if f["rule"] == "HANA-PERF-005"]
+
+
+def test_a_host_about_to_run_in_fips_mode_has_every_argon2_keyslot_named(vm, audit):
+    """compliance:fips: the LUKS2 devices of the mix have argon2id keyslots, which a host in FIPS
+    mode cannot open; LUKS1's PBKDF2-SHA256 keyslots it opens. The rest of the audit is as it
+    was, but for HANA-ENC-006, whose minimum is now PBKDF2's."""
+    storage = pillar()["hana"]["storage"]
+    storage["luks"] = {"pbkdf": {"type": "pbkdf2"}}
+    storage["compliance"] = {"fips": True, "min_pbkdf": {"type": "pbkdf2", "iterations": 1000}}
+    fips = vm.salt(f"hana_storage.audit pillar='{json.dumps(storage)}'", check=True).ret
+
+    def devices(report, *rules):
+        return {f["device"] for f in report["findings"] if f["rule"] in rules}
+
+    crypt = {f"/dev/mapper/{c}" for v in audit["volumes"].values() for c in v["crypt"]}
+    luks2 = crypt - devices(audit, "HANA-ENC-005", "HANA-ENC-002")  # a header, and not LUKS1
+    assert devices(fips, "HANA-ENC-008") == luks2 and len(luks2) > 5, luks2
+    named = [a for f in fips["findings"] if f["rule"] == "HANA-ENC-008" for a in f["actual"]]
+    assert named and all(a.endswith(": argon2id") for a in named), named
+
+    def others(report):
+        return sorted(
+            (f["rule"], f["device"])
+            for f in report["findings"]
+            if f["rule"] not in ("HANA-ENC-006", "HANA-ENC-008")
+        )
+
+    assert others(fips) == others(audit)
 
 
 def test_luks_headers_match_cryptsetup(vm):
