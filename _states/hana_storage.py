@@ -1025,6 +1025,132 @@ def luks_opened(name, device, key_file, flags, previous_key_file=None):
     return _done(ret, f"cryptsetup open {device} failed: {'; '.join(errors)}", result=False)
 
 
+def fips_keyslots(name, key_file, pbkdf):
+    """
+    Under FIPS (``compliance:fips``, or the host's mode): the key in ``key_file`` opens the LUKS
+    device ``name`` through a keyslot FIPS mode opens (PBKDF2 with SHA-2, core.kdf), and no
+    keyslot of the key is one FIPS mode refuses. As a rotation does, never in place: a keyslot
+    made with the plan's ``pbkdf`` is added (authorised by the key) and proven to open, then the
+    key's other keyslots are removed. They are marked first (hana_storage_host.retire_marker),
+    before the add: a run killed anywhere in between is this formula's to finish. Killed at any
+    point, the key opens the device. (``cryptsetup luksConvertKey`` rewrites the keyslot's area
+    before its header: killed in between, no key opens it.)
+
+    Keyslots the key does not open are left (a rotation's previous key: its own state removes
+    them; another passphrase: a person, HANA-ENC-008 names them). A degraded header is refused
+    (cryptsetup would repair it as it writes, and the damage is HANA-ENC-007's evidence) unless
+    the marks say it is this formula's own write, cut short.
+
+    pbkdf
+        The plan's ``luks.pbkdf`` (PBKDF2-SHA256 under FIPS: the pillar check sees to it).
+    """
+    ret = _ret(name)
+    missing = [path for path in (name, key_file) if not os.path.exists(path)]
+    if missing:
+        if __opts__["test"]:
+            return _would(
+                ret,
+                f"{', '.join(missing)} not in place yet: the keyslots of {name} are checked once they are",
+            )
+        return _done(
+            ret, f"{', '.join(missing)} not there: not touching the keyslots of {name}", result=False
+        )
+    target = core.kdf.describe(pbkdf)
+    if not core.kdf.fips_usable({"type": pbkdf.get("type", "argon2id"), "hash": pbkdf.get("hash")}):
+        return _done(
+            ret,
+            f"refusing to make keyslots of {name} with {target}: FIPS mode opens PBKDF2 with SHA-2 only",
+            result=False,
+        )
+    try:
+        header = __salt__["hana_storage_host.luks_header"](name)
+        uuid, fingerprints, begun = _removals_begun(name)
+    except CommandExecutionError as error:
+        return _done(ret, f"{name}: no readable LUKS header: {error}", result=False)
+    refused = {int(slot) for slot, _ in core.kdf.not_fips_usable(header["keyslots"])}
+    opened = _key_slots(name, key_file)
+    if opened["error"]:
+        return _done(
+            ret,
+            f"cannot tell which keyslots of {name} the key {key_file} opens: {opened['error']}",
+            result=False,
+        )
+    if not opened["keyslots"] and not begun:
+        return _done(
+            ret, f"the key {key_file} opens no keyslot of {name}. Nothing was changed.", result=False
+        )
+    usable = sorted(set(opened["keyslots"]) - refused)
+    retire = sorted((set(opened["keyslots"]) | set(begun)) & refused)
+    others = sorted(refused - set(retire))
+    left = (
+        f"; keyslots {others} are not this key's (a rotation's previous key removes its own; another "
+        "passphrase's are for a person: HANA-ENC-008)"
+        if others
+        else ""
+    )
+    if not retire:
+        return _done(
+            ret, f"the key {key_file} opens {name} through keyslots FIPS mode opens ({usable}){left}"
+        )
+    if header.get("degraded") and not begun:
+        return _done(
+            ret,
+            f"refusing to change the keyslots of {name}: its LUKS2 header is degraded (HANA-ENC-007); "
+            "cryptsetup would repair it as it writes. Back it up (cryptsetup luksHeaderBackup), repair "
+            "it (cryptsetup repair) and apply again. Nothing was changed.",
+            result=False,
+        )
+    if __opts__["test"]:
+        add = "" if usable else f"add a keyslot with {target} for the key, then "
+        return _would(
+            ret, f"would {add}remove keyslots {retire} of {name} (the key's, refused in FIPS mode){left}"
+        )
+    changes = {}
+    for slot in retire:
+        marker = __salt__["hana_storage_host.retire_marker"](uuid, slot)
+        os.makedirs(os.path.dirname(marker), mode=0o700, exist_ok=True)
+        core.files.replace_file(marker, fingerprints.get(slot, "").encode(), mode=0o600)
+    if not usable:
+        ok, err = _run(core.commands.luks_add_key(name, key_file, key_file, pbkdf))
+        if not ok:
+            return _done(ret, f"cryptsetup luksAddKey {name} failed: {err}", result=False)
+        try:
+            after = {
+                int(s)
+                for s, _ in core.kdf.not_fips_usable(
+                    __salt__["hana_storage_host.luks_header"](name)["keyslots"]
+                )
+            }
+        except CommandExecutionError as error:
+            return _done(ret, f"{name}: LUKS header unreadable after luksAddKey: {error}", result=False)
+        proven = _key_slots(name, key_file)
+        usable = sorted(set(proven["keyslots"]) - after)
+        if not usable:
+            return _done(
+                ret,
+                f"added a keyslot with {target} to {name}, but the key opens none FIPS mode opens "
+                f"({proven['error'] or proven['keyslots']}); its keyslots {retire} stay",
+                result=False,
+            )
+        changes["enrolled"] = {"keyslots": usable}
+    removed = []
+    for slot in retire:
+        ok, err = _run(core.commands.luks_kill_slot(name, slot, key_file))
+        if not ok:
+            if removed:
+                changes["removed"] = {"keyslots": removed}
+            return _done(ret, f"cryptsetup luksKillSlot {name} {slot} failed: {err}", result=False, **changes)
+        os.unlink(__salt__["hana_storage_host.retire_marker"](uuid, slot))
+        removed.append(slot)
+    changes["removed"] = {"keyslots": removed}
+    return _done(
+        ret,
+        f"the key {key_file} opens {name} through keyslots {usable} ({target}); removed its keyslots "
+        f"{removed}, which FIPS mode refuses{left}",
+        **changes,
+    )
+
+
 def luks_flags(name, device, key_file, flags):
     """
     The open crypt device ``name`` (on ``device``) runs with exactly the wanted dm-crypt

@@ -96,6 +96,22 @@ def luks_add_key(device, key_file, new_key_file, pbkdf):
     ]
 
 
+def luks_convert_key(device, keyslot, key_file, pbkdf):
+    """Make keyslot ``keyslot`` again with the policy's PBKDF, opened by the key in ``key_file``
+    (the same key, the same keyslot number)."""
+    return [
+        "cryptsetup",
+        "luksConvertKey",
+        "--batch-mode",
+        "--key-slot",
+        str(keyslot),
+        *pbkdf_args(pbkdf),
+        "--key-file",
+        key_file,
+        device,
+    ]
+
+
 def luks_kill_slot(device, keyslot, key_file):
     """Remove keyslot ``keyslot`` once cryptsetup has checked that the key in ``key_file`` opens
     another keyslot. It does not check that for the last keyslot (it removes it): the caller

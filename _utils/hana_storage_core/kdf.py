@@ -40,9 +40,9 @@ def keyslot_pbkdf(pbkdf, share_kib):
 
 
 def describe(pbkdf):
-    """``argon2id, at most 65536 KiB of memory``: a pbkdf policy, for a state's comment
-    (cryptsetup's benchmark may choose less)."""
-    kind = pbkdf.get("type", "argon2id")
+    """``argon2id, at most 65536 KiB of memory``, ``pbkdf2-sha256``: a pbkdf policy, for a
+    state's comment (cryptsetup's benchmark may choose less memory)."""
+    kind = name({"type": pbkdf.get("type", "argon2id"), "hash": pbkdf.get("hash")})
     if "memory_kib" in pbkdf and kind in MEMORY_HARD:
         return f"{kind}, at most {pbkdf['memory_kib']} KiB of memory"
     return kind

@@ -416,14 +416,16 @@ def _segment(sid, seg):
 
 def _volume_keys(digests):
     """Which volume key each keyslot holds a copy of: the id of the LUKS2 digest that names it
-    (``"0"``; during a re-encryption the new key's digest is another). A keyslot no digest names
-    (``luksAddKey --unbound``) holds no volume key. Ids only: a digest's value never leaves."""
+    (``"0"``; during a re-encryption the new key's digest is another). A keyslot whose digest
+    names no segment (``luksAddKey --unbound`` gives it one of its own) or that no digest names
+    holds no volume key. Ids only: a digest's value never leaves."""
     volume_key_of = {}
     for did, digest in _numbered(digests, "digest"):
         slots = digest.get("keyslots")
         if not isinstance(slots, list) or not all(isinstance(k, str) for k in slots):
             raise LuksError(f"digest {did}: 'keyslots' is not a list of keyslot ids")
-        volume_key_of.update(dict.fromkeys(slots, str(did)))
+        if digest.get("segments"):
+            volume_key_of.update(dict.fromkeys(slots, str(did)))
     return volume_key_of
 
 

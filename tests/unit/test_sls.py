@@ -64,6 +64,28 @@ def test_the_header_is_backed_up_after_its_keyslots_and_flags_are_in_place(tmp_p
         assert {"header_backup": "/var/lib/hana-storage/luks-headers/hana_data.luks-header"} in tang
 
 
+@pytest.mark.parametrize("key", ["keyfile", "tang"])
+def test_under_fips_each_device_has_its_keyslots_converted_before_its_flags_are_stored(tmp_path, key):
+    assert not [s for s in luks_states(tmp_path, storage()) if "-fips-" in s]
+    extra = {
+        "luks": {"pbkdf": {"type": "pbkdf2", "force_iterations": 1000}},
+        "compliance": {"fips": True, "min_pbkdf": {"type": "pbkdf2", "iterations": 1000}},
+    }
+    if key == "tang":
+        extra["key"] = TANG
+    states = luks_states(tmp_path, storage(**extra))
+    step = states["hana-storage-log-fips-0"]["hana_storage.fips_keyslots"]
+    assert {"pbkdf": {"type": "pbkdf2", "force_iterations": 1000, "hash": "sha256"}} in step
+    assert requires(step) == ["hana-storage-log-tang-0" if key == "tang" else "hana-storage-log-inside-0"]
+    assert requires(states["hana-storage-log-flags-0"]["hana_storage.luks_flags"]) == [
+        "hana-storage-log-fips-0"
+    ]
+    assert sorted(s for s in states if "-fips-" in s) == [
+        "hana-storage-data-fips-0",
+        "hana-storage-log-fips-0",
+    ]
+
+
 def test_no_rotation_steps_unless_the_pillar_names_a_previous_key(tmp_path):
     everything = {}
     for sls in ("keys.sls", "guard.sls", "luks.sls", "crypttab.sls"):

@@ -2605,3 +2605,70 @@ def test_units_enabled_in_test_mode_says_what_it_would_run(salt_functions, dry_r
     ret = states.units_enabled("tang unlock at boot", UNITS)
     assert ret["result"] is None and ret["comment"] == f"would run systemctl enable {' '.join(UNITS)}"
     assert not [argv for argv in ran if argv[1] == "enable"]
+
+
+# ---- fips_keyslots ----------------------------------------------------------------------------
+
+FIPS_PBKDF = {"type": "pbkdf2", "hash": "sha256", "force_iterations": 1000}
+
+
+def keyslot_kdfs(host, image):
+    return {s["id"]: states.core.kdf.name(s["kdf"]) for s in host.luks_header(str(image))["keyslots"]}
+
+
+def test_fips_keyslots_makes_the_keys_argon2_keyslot_again_and_leaves_a_strangers(
+    real_headers, make_luks, keyfile, tmp_path
+):
+    """The key gets a PBKDF2-SHA256 keyslot, proven, and loses its argon2id one; a keyslot of
+    another passphrase stays for a person."""
+    import subprocess
+
+    image, other = make_luks(), tmp_path / "other.key"
+    other.write_bytes(b"o" * 64)
+    cheap_argon2 = ["--pbkdf", "argon2id", "--pbkdf-memory", "8192", "--pbkdf-force-iterations", "4"]
+    subprocess.run(
+        ["cryptsetup", "luksAddKey", "-q", *cheap_argon2, "--key-file", str(keyfile), str(image), str(other)],
+        check=True,
+    )
+    assert keyslot_kdfs(real_headers, image) == {0: "argon2id", 1: "argon2id"}
+
+    ret = states.fips_keyslots(str(image), str(keyfile), FIPS_PBKDF)
+    assert ret["result"] is True, ret
+    assert ret["changes"] == {"enrolled": {"keyslots": [2]}, "removed": {"keyslots": [0]}}
+    assert "keyslots [1] are not this key's" in ret["comment"]
+    assert keyslot_kdfs(real_headers, image) == {1: "argon2id", 2: "pbkdf2-sha256"}
+    assert real_headers.key_slots(str(image), str(keyfile))["keyslots"] == [2]
+    again = states.fips_keyslots(str(image), str(keyfile), FIPS_PBKDF)
+    assert again["result"] is True and again["changes"] == {}, again
+    assert "through keyslots FIPS mode opens ([2])" in again["comment"]
+
+
+def test_after_fips_keyslots_the_header_backup_is_made_again(real_headers, make_luks, keyfile, tmp_path):
+    """The header lost the key's argon2 keyslot the backup holds: this run removed it (its
+    changes say so), so the backup is made again, not kept as the only way back."""
+    image, backup = make_luks(), tmp_path / "headers" / "hana_data.luks-header"
+    assert states.header_backed_up(str(image), str(backup), str(keyfile))["changes"]
+    converted = states.fips_keyslots(str(image), str(keyfile), FIPS_PBKDF)
+    assert converted["changes"]["removed"] == {"keyslots": [0]}
+    states.__running__ = {"fips": dict(converted, __id__="hana-storage-data-fips-0")}
+    try:
+        backed = states.header_backed_up(str(image), str(backup), str(keyfile))
+    finally:
+        del states.__running__
+    assert backed["result"] is True and backed["changes"] == {"header_backup": str(backup)}, backed
+    assert backup_state(real_headers, backup, image, keyfile) is None
+
+
+def test_fips_keyslots_in_test_mode_and_with_a_policy_fips_mode_refuses_write_nothing(
+    real_headers, make_luks, keyfile, dry_run
+):
+    image = make_luks()
+    before = image.read_bytes()
+    ret = states.fips_keyslots(str(image), str(keyfile), FIPS_PBKDF)
+    assert (
+        ret["result"] is None
+        and "would add a keyslot with pbkdf2-sha256 for the key, then remove keyslots [0]" in ret["comment"]
+    ), ret
+    refused = states.fips_keyslots(str(image), str(keyfile), {"type": "argon2id", "memory_kib": 8192})
+    assert refused["result"] is False and "FIPS mode opens PBKDF2 with SHA-2 only" in refused["comment"]
+    assert image.read_bytes() == before

@@ -5,8 +5,9 @@
 # flags, then looked inside (below LVM: pv_safe here, before pvcreate wipes; above LVM: the mkfs
 # state), and only then does it get a keyslot for a rotated key, a Clevis binding (Tang volumes;
 # the recovery key's keyslot stays), its flags stored in the header, a crypttab line and, with
-# header_backup, a proven header backup. While the key is rotated (key:previous), the previous
-# key's keyslot goes once crypttab names the new key (crypttab.sls).
+# header_backup, a proven header backup. Under FIPS (compliance:fips, or the host's mode) the key's
+# keyslots are made PBKDF2-SHA256 before the flags are stored. While the key is rotated
+# (key:previous), the previous key's keyslot goes once crypttab names the new key (crypttab.sls).
 ---
 {%- from "hana/storage/map.jinja" import hana_storage with context %}
 {%- if hana_storage.valid %}
@@ -18,6 +19,7 @@
 {%-       set inside = 'mkfs' if above else 'inside-' ~ loop.index0 %}
 {%-       set rekeyed = 'rekey-' ~ loop.index0 if volume.key.previous else inside %}
 {%-       set bound = 'tang-' ~ loop.index0 if volume.key.source == 'tang' else rekeyed %}
+{%-       set converted = 'fips-' ~ loop.index0 if luks.fips else bound %}
 
 hana-storage-{{ name }}-luks-{{ loop.index0 }}:
   hana_storage.luks_formatted:
@@ -90,6 +92,16 @@ hana-storage-{{ name }}-tang-{{ loop.index0 }}:
     - require:
       - hana_storage: hana-storage-{{ name }}-{{ rekeyed }}
 {%-       endif %}
+{%-       if luks.fips %}
+
+hana-storage-{{ name }}-fips-{{ loop.index0 }}:
+  hana_storage.fips_keyslots:
+    - name: {{ crypt.device }}
+    - key_file: {{ volume.key.file }}
+    - pbkdf: {{ luks.pbkdf | json }}
+    - require:
+      - hana_storage: hana-storage-{{ name }}-{{ bound }}
+{%-       endif %}
 
 hana-storage-{{ name }}-flags-{{ loop.index0 }}:
   hana_storage.luks_flags:
@@ -98,7 +110,7 @@ hana-storage-{{ name }}-flags-{{ loop.index0 }}:
     - key_file: {{ volume.key.file }}
     - flags: {{ luks.flags | json }}
     - require:
-      - hana_storage: hana-storage-{{ name }}-{{ bound }}
+      - hana_storage: hana-storage-{{ name }}-{{ converted }}
 {%-       if above %}
 
 hana-storage-{{ name }}-crypt-grown:
