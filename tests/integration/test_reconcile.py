@@ -75,7 +75,7 @@ def triage_returns(event_listener, master, after):
     return [r for r in triage_results(event_listener, master.id, after) if r.get("minion") == MINION]
 
 
-def wait_until(check, timeout=90):
+def wait_until(check, timeout=240):  # generous: CI runs three Salt lines and two VMs on two cores
     deadline = time.monotonic() + timeout
     while not check():
         assert time.monotonic() < deadline, "timed out"
