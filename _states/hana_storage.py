@@ -649,9 +649,7 @@ def previous_key_removed(name, key_file, previous_key_file, key_pillar=None, pre
         return _would(ret, f"would remove keyslots {remove} of {name} (the previous key's)")
     removed = []
     for slot in remove:
-        marker = __salt__["hana_storage_host.retire_marker"](uuid, slot)
-        os.makedirs(os.path.dirname(marker), mode=0o700, exist_ok=True)
-        core.files.replace_file(marker, fingerprints.get(slot, "").encode(), mode=0o600)
+        marker = _mark_removal(uuid, slot, fingerprints)
         ok, err = _run(core.commands.luks_kill_slot(name, slot, key_file))
         if not ok:
             changes = {"removed": {"keyslots": removed}} if removed else {}
@@ -663,12 +661,22 @@ def previous_key_removed(name, key_file, previous_key_file, key_pillar=None, pre
     )
 
 
-def _removals_begun(name):
+def _mark_removal(uuid, slot, fingerprints):
+    """Mark keyslot ``slot`` of the header ``uuid`` as one this formula removes (its
+    fingerprint in hana_storage_host.retire_marker), before the first write that removes it.
+    Returns the mark's path."""
+    marker = __salt__["hana_storage_host.retire_marker"](uuid, slot)
+    os.makedirs(os.path.dirname(marker), mode=0o700, exist_ok=True)
+    core.files.replace_file(marker, fingerprints.get(slot, "").encode(), mode=0o600)
+    return marker
+
+
+def _removals_begun(name, header=None):
     """(the UUID of ``name``'s LUKS header, {keyslot: its fingerprint}, the keyslots whose
     luksKillSlot this formula began and did not see end: hana_storage_host.retire_marker, which
     holds the fingerprint of the keyslot it was for). A mark whose keyslot is gone, or is another
-    keyslot now, is removed: that kill ended."""
-    header = __salt__["hana_storage_host.luks_header"](name)
+    keyslot now, is removed: that kill ended. ``header``: the header as just read, if it was."""
+    header = header or __salt__["hana_storage_host.luks_header"](name)
     uuid = header.get("uuid")
     fingerprints = {int(s["id"]): str(s.get("fingerprint") or "") for s in header.get("keyslots") or []}
     if not isinstance(uuid, str):
@@ -1064,9 +1072,9 @@ def fips_keyslots(name, key_file, pbkdf):
         )
     try:
         header = __salt__["hana_storage_host.luks_header"](name)
-        uuid, fingerprints, begun = _removals_begun(name)
     except CommandExecutionError as error:
         return _done(ret, f"{name}: no readable LUKS header: {error}", result=False)
+    uuid, fingerprints, begun = _removals_begun(name, header)
     refused = {int(slot) for slot, _ in core.kdf.not_fips_usable(header["keyslots"])}
     opened = _key_slots(name, key_file)
     if opened["error"]:
@@ -1106,10 +1114,8 @@ def fips_keyslots(name, key_file, pbkdf):
             ret, f"would {add}remove keyslots {retire} of {name} (the key's, refused in FIPS mode){left}"
         )
     changes = {}
-    for slot in retire:
-        marker = __salt__["hana_storage_host.retire_marker"](uuid, slot)
-        os.makedirs(os.path.dirname(marker), mode=0o700, exist_ok=True)
-        core.files.replace_file(marker, fingerprints.get(slot, "").encode(), mode=0o600)
+    for slot in retire:  # before the add: a run killed from here on is this formula's to finish
+        _mark_removal(uuid, slot, fingerprints)
     if not usable:
         ok, err = _run(core.commands.luks_add_key(name, key_file, key_file, pbkdf))
         if not ok:
