@@ -20,6 +20,7 @@ import subprocess
 
 import pytest
 
+from tests.unit.conftest import CHEAP_KDF
 from tests.unit.test_states import (  # noqa: F401 - fixtures
     configure_loader_modules,
     marks,
@@ -34,16 +35,7 @@ from tests.unit.test_states import (  # noqa: F401 - fixtures
 )
 
 FIPS_PBKDF = {"type": "pbkdf2", "hash": "sha256", "force_iterations": 1000}
-ARGON2 = [
-    "--pbkdf",
-    "argon2id",
-    "--pbkdf-memory",
-    "8192",
-    "--pbkdf-force-iterations",
-    "4",
-    "--pbkdf-parallel",
-    "1",
-]
+ARGON2 = CHEAP_KDF["argon2id"]
 # the n-th write(2) of luksConvertKey: 2 after the area was wiped, 4 after the new key material,
 # 6 before the primary header's checksummed binary header
 KILL_POINTS = [2, 4, 6]

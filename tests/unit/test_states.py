@@ -15,6 +15,7 @@ from hana_storage_core import pillar as pillar
 from salt.exceptions import CommandExecutionError
 
 from tests.conftest import REPO
+from tests.unit.conftest import CHEAP_KDF
 from tests.unit.test_growth import BUILT, MIB4, pvs
 
 spec = importlib.util.spec_from_file_location("hana_storage_state", REPO / "_states" / "hana_storage.py")
@@ -2625,9 +2626,17 @@ def test_fips_keyslots_makes_the_keys_argon2_keyslot_again_and_leaves_a_stranger
 
     image, other = make_luks(), tmp_path / "other.key"
     other.write_bytes(b"o" * 64)
-    cheap_argon2 = ["--pbkdf", "argon2id", "--pbkdf-memory", "8192", "--pbkdf-force-iterations", "4"]
     subprocess.run(
-        ["cryptsetup", "luksAddKey", "-q", *cheap_argon2, "--key-file", str(keyfile), str(image), str(other)],
+        [
+            "cryptsetup",
+            "luksAddKey",
+            "-q",
+            *CHEAP_KDF["argon2id"],
+            "--key-file",
+            str(keyfile),
+            str(image),
+            str(other),
+        ],
         check=True,
     )
     assert keyslot_kdfs(real_headers, image) == {0: "argon2id", 1: "argon2id"}

@@ -4,6 +4,7 @@ Each test module boots one VM for all its tests (software emulation is slow) in 
 directory under build/vm-tests/; VMs never run concurrently (the lab holds a machine-wide lock).
 """
 
+import os
 import re
 
 import pytest
@@ -27,6 +28,16 @@ def boot(request, disks=8, disk_size="2G", fresh=True, **options):
     request.addfinalizer(vm.stop)  # first: a failed start leaves no VM behind
     vm.start()
     return vm
+
+
+def write_lab_key(vm, path):
+    """The lab's key in a root-only file ``path`` in the guest, for a pillar whose key source is
+    a key file (what a key store would have put there)."""
+    vm.run(
+        f"mkdir -p {os.path.dirname(path)} && echo {vm.key_b64()} | base64 -d >{path} && chmod 0400 {path}",
+        check=True,
+        echo=False,
+    )
 
 
 def why_it_ended(vm, pid):

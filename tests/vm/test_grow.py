@@ -25,7 +25,7 @@ import re
 import pytest
 import yaml
 
-from tests.vm.conftest import boot, boot_without_salt, close_storage
+from tests.vm.conftest import boot, boot_without_salt, close_storage, write_lab_key
 
 pytestmark = pytest.mark.vm
 
@@ -108,11 +108,7 @@ def sizes(vm, mount):
 @pytest.fixture(scope="module")
 def vm(request):
     vm = boot(request, disks=11, disk_size="1G")  # mkfs.xfs needs volumes over 300 MB
-    vm.run(
-        f"mkdir -p /etc/hana-storage/keys && echo {vm.key_b64()} | base64 -d >{KEY_FILE} && chmod 0400 {KEY_FILE}",
-        check=True,
-        echo=False,
-    )
+    write_lab_key(vm, KEY_FILE)
     vm.setup_salt(pillar(vm, FIRST))
     built = vm.salt("state.apply hana.storage", title="state.apply: data and log, two devices each")
     assert built.retcode == 0, failures(built)

@@ -20,7 +20,7 @@ import yaml
 from tang_server import TangServer
 
 from tests.conftest import REPO
-from tests.vm.conftest import boot, boot_without_salt, close_storage
+from tests.vm.conftest import boot, boot_without_salt, close_storage, write_lab_key
 
 pytestmark = pytest.mark.vm
 
@@ -48,11 +48,7 @@ def tang(tmp_path_factory):
 @pytest.fixture(scope="module")
 def vm(request, tang):
     vm = boot(request, disks=8, disk_size="1G", cpu="max,aes=off", network=True)  # XFS needs 300 MB
-    vm.run(
-        f"mkdir -p /etc/hana-storage/keys && echo {vm.key_b64()} | base64 -d >{KEY_FILE} && chmod 0400 {KEY_FILE}",
-        check=True,
-        echo=False,
-    )
+    write_lab_key(vm, KEY_FILE)
     storage = yaml.safe_load(vm.pillar())["hana"]["storage"]
     storage["key"] = {"source": "keyfile", "path": KEY_FILE}
     bound = {

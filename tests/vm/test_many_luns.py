@@ -18,7 +18,7 @@ import re
 import pytest
 import yaml
 
-from tests.vm.conftest import boot, boot_without_salt, close_storage
+from tests.vm.conftest import boot, boot_without_salt, close_storage, write_lab_key
 
 pytestmark = pytest.mark.vm
 
@@ -37,11 +37,7 @@ def vm(request):
     # 128 MiB each: 16 of LUKS2 header, the rest a PV; on eight, an XFS striped over eight gets
     # the 64 MiB log it needs
     vm = boot(request, disks=LUNS, disk_size="128M", memory="2G")
-    vm.run(
-        f"mkdir -p /etc/hana-storage/keys && echo {vm.key_b64()} | base64 -d >{KEY_FILE} && chmod 0400 {KEY_FILE}",
-        check=True,
-        echo=False,
-    )
+    write_lab_key(vm, KEY_FILE)
     storage = yaml.safe_load(vm.pillar())["hana"]["storage"]
     storage["key"] = {"source": "keyfile", "path": KEY_FILE}
     # cryptsetup chooses the memory; a fixed time cost keeps software emulation bearable
