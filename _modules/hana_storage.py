@@ -418,6 +418,17 @@ SKIP_REASONS = {
 
 REMEDIATION_PASSES = 2
 
+# One remediation at a time on a host, the audit before its fixes and the one after included: a
+# second one (another master's, or the same master's for another rule of the same drift) then
+# audits what the first left and finds its finding fixed. Salt's state queue cannot order them:
+# it sees jobs of state.* functions only, and this job is hana_storage.remediate.
+REMEDIATION_LOCK = "remediate.lock"  # in <cachedir>/hana_storage (core.beacon_memory.memory_dir)
+# seconds a remediation may wait in all: for the one before it, then for a state job running (an
+# apply) before each fix. The master waits 600 s for the return (its REMEDIATE_TIMEOUT): a return
+# after that is one it no longer reads, and the finding is remediated again.
+REMEDIATION_WAIT = 300
+_pause = time.sleep  # the state wait's poll (tests make it instant)
+
 
 def remediate(rules=None, pillar=None):
     """
@@ -451,6 +462,29 @@ def remediate(rules=None, pillar=None):
     auto = core.rules.auto_rules()
     allowed = set(policy.get("rules", auto)) if policy.get("enabled", True) else set()
     wanted = set(salt.utils.args.split_input(rules) if rules else auto)
+    deadline = time.monotonic() + REMEDIATION_WAIT
+    try:
+        with core.beacon_memory.memory_dir(__opts__.get("cachedir")) as (directory, folder):
+            with core.files.exclusive(REMEDIATION_LOCK, REMEDIATION_WAIT, dir_fd=directory) as held:
+                if held:
+                    return _remediate(plan, wanted, allowed, deadline)
+        why = f"another remediation of this host held {folder}/{REMEDIATION_LOCK} for {REMEDIATION_WAIT} s"
+    except (OSError, core.beacon_memory.MemoryProblem) as error:
+        why = f"its lock cannot be taken: {error}"
+    __context__["retcode"] = 1
+    return {
+        "result": False,
+        "fixed": [],
+        "failed": [
+            {"rule": rule, "volume": None, "device": None, "comment": f"{why}: nothing was done"}
+            for rule in sorted(wanted)
+        ],
+        "skipped": [],
+        "remaining": [],
+    }
+
+
+def _remediate(plan, wanted, allowed, deadline):
     report = core.rules.audit(plan, _host("facts")(plan))
     fixed, failed, skipped = [], [], []
     done, seen = set(), set()
@@ -478,12 +512,7 @@ def remediate(rules=None, pillar=None):
                 fixed.append({**entry, "changes": "fixed with an earlier finding"})
                 continue
             done.add((fun, kwargs["name"]))
-            ret = __salt__["state.single"](fun, queue=True, **kwargs)
-            state = (
-                next(iter(ret.values()))
-                if isinstance(ret, dict) and ret
-                else {"result": False, "comment": ret}
-            )
+            state = _run_state(fun, kwargs, deadline)
             if state.get("result") is True:
                 changed = True
                 fixed.append({**entry, "changes": state.get("changes", {}), "comment": state.get("comment")})
@@ -498,6 +527,37 @@ def remediate(rules=None, pillar=None):
     if not result:
         __context__["retcode"] = 1
     return {"result": result, "fixed": fixed, "failed": failed, "skipped": skipped, "remaining": remaining}
+
+
+def _run_state(fun, kwargs, deadline):
+    """The return of state ``fun`` run now through ``state.single``: {"result", "comment", ...}.
+
+    Never ``queue=True``: on Salt's current patch releases (3006.30, 3007.17, 3008.5) that files
+    the call in the minion's state queue when any state job runs, or any job waits in its job
+    queue, and returns {"result": True, "comment": "Job queued for execution"} at once - a fix
+    that has not run. A state job running now (``state.running``) is waited for here until
+    ``deadline`` (time.monotonic()). state.single also answers a list for errors of its own
+    (a state function not synced: "Specified state ... was not found"), which are not waited on."""
+    try:
+        while __salt__["state.running"]():
+            if time.monotonic() >= deadline:
+                return {
+                    "result": False,
+                    "comment": f"a state job ran for all of the remediation's {REMEDIATION_WAIT} s: {__salt__['state.running']()}",
+                }
+            _pause(2)
+        ret = __salt__["state.single"](fun, queue=False, **kwargs)
+        if isinstance(ret, list) and __salt__["state.running"]() and time.monotonic() < deadline:
+            return _run_state(fun, kwargs, deadline)  # a state job began between the look and the call
+    except Exception as error:  # noqa: BLE001 - Salt's own errors (SaltInvocationError...): a failed fix
+        return {
+            "result": False,
+            "comment": f"state.single {fun} raised {type(error).__name__}: {str(error)[:300]}",
+        }
+    state = next(iter(ret.values()), None) if isinstance(ret, dict) and len(ret) == 1 else None
+    if isinstance(state, dict) and "result" in state:
+        return state
+    return {"result": False, "comment": f"state.single {fun} ran no state: {str(ret)[:500]}"}
 
 
 # ---- the HANA I/O check ----------------------------------------------------------------------

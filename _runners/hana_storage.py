@@ -698,7 +698,7 @@ def _remediate(minion, to_fix):
 REMEDIATE_LISTS = ("fixed", "failed", "skipped", "remaining")
 
 
-# seconds: the minion re-audits, then fixes through state.single (queued behind a running state)
+# seconds: the minion waits its turn and for a running state (at most 300 s in all), re-audits, fixes
 REMEDIATE_TIMEOUT = 600
 
 

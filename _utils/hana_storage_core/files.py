@@ -8,8 +8,10 @@ truncated by a killed write does not boot.
 """
 
 import contextlib
+import fcntl
 import os
 import stat
+import time
 
 TEMPORARY = ".{name}.hana-storage.new"  # beside the file; a killed write's is removed by the next
 
@@ -126,6 +128,34 @@ def install(source, path, mode):
         os.fsync(folder)
     finally:
         os.close(folder)
+
+
+@contextlib.contextmanager
+def exclusive(name, timeout, dir_fd, poll=0.5):
+    """Hold an exclusive ``flock`` on file ``name`` in the directory open as ``dir_fd`` while the
+    block runs; yields whether it was had within ``timeout`` seconds. The file must be a regular
+    file of this user (no symlink) and is kept 0600, so nobody else can open it and hold the lock.
+    A holder that dies lets go (the kernel drops its lock with its descriptor)."""
+    descriptor = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+    try:
+        info = os.fstat(descriptor)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+            raise PermissionError(f"{name} is not a regular file of this user (uid {info.st_uid})")
+        os.fchmod(descriptor, 0o600)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held = True
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    held = False
+                    break
+                time.sleep(poll)
+        yield held
+    finally:
+        os.close(descriptor)
 
 
 @contextlib.contextmanager

@@ -910,11 +910,12 @@ def remediation_plan(policy):
 
 
 @pytest.fixture
-def module(monkeypatch):
+def module(monkeypatch, tmp_path):
     """The execution module's remediate() on a made-up audit: one HANA-KEY-001 finding, fixed by
     its state unless the test says otherwise."""
     module = load("_modules/hana_storage.py", "module_under_test")
     module.__context__ = {}
+    module.__opts__ = {"cachedir": str(tmp_path)}
     module.policy = {"enabled": True, "rules": ["HANA-KEY-001", "HANA-PERSIST-002", "HANA-PERF-002"]}
     module.findings = [key_finding()]
     module.after_fix = []
@@ -940,7 +941,11 @@ def module(monkeypatch):
         module.fixed_since_audit = True
         return {"x": {"result": True, "changes": {"mode": "0400"}, "comment": "fixed"}}
 
-    module.__salt__ = {"state.single": single, "hana_storage_host.facts": lambda plan: {}}
+    module.__salt__ = {
+        "state.single": single,
+        "state.running": lambda: [],
+        "hana_storage_host.facts": lambda plan: {},
+    }
     return module
 
 
