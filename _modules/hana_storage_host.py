@@ -838,6 +838,27 @@ def luks_header(device):
             raise CommandExecutionError(f"{device}: {error}") from None
 
 
+def dm_uuid(device):
+    """
+    The device-mapper UUID of ``device`` (a path; symlinks followed), "" when it is not a dm
+    device (or has no UUID); an error when the kernel's answer cannot be read.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' hana_storage_host.dm_uuid /dev/mapper/mpatha
+    """
+    name = _kernel_name(device)
+    if not name.startswith("dm-"):
+        return ""
+    try:
+        with open(f"{SYSFS_BLOCK}/{name}/dm/uuid", encoding="utf-8") as handle:
+            return handle.read().strip()
+    except (OSError, UnicodeDecodeError) as error:
+        raise CommandExecutionError(f"the dm UUID of {device} ({name}) cannot be read: {error}") from None
+
+
 def xfs_superblock(device):
     """
     The XFS superblock of a device: UUID, label, block size, stripe unit and width (bytes), and

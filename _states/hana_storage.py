@@ -1252,9 +1252,18 @@ def _set_tab_entry(path, kind, key, line):
     return status
 
 
+def _same_node(path, other):
+    """Do two paths name one block device (a udev link and a node of its own alike)?"""
+    try:
+        return os.stat(path).st_rdev == os.stat(other).st_rdev
+    except OSError:
+        return False
+
+
 def crypttab_present(name, device, key_file, options):
-    """/etc/crypttab has ``name UUID=<LUKS UUID of device> key_file options``, the file replaced
-    whole (a kill never leaves it empty)."""
+    """/etc/crypttab has ``name <source> key_file options``, the file replaced whole (a kill
+    never leaves it empty). The source is ``UUID=<LUKS UUID of device>``, or the multipath map's
+    /dev/disk/by-id/dm-uuid-mpath-<wwid> when ``device`` is one (``core.stack.crypttab_source``)."""
     ret = _ret(name)
     if not os.path.exists(device):
         if __opts__["test"]:
@@ -1269,9 +1278,18 @@ def crypttab_present(name, device, key_file, options):
             return _would(ret, f"would add {name} to /etc/crypttab once {device} is formatted")
         return _done(ret, f"{device} has no LUKS header: {error}", result=False)
     try:
-        line = core.tab.render_crypttab(name, f"UUID={uuid}", key_file, options)
+        source = core.stack.crypttab_source(uuid, __salt__["hana_storage_host.dm_uuid"](device))
+        if not source.startswith("UUID=") and not _same_node(source, device):
+            return _done(
+                ret,
+                f"{source} does not lead to {device}: udev's device-mapper rules (13-dm-disk.rules, in "
+                "the device-mapper package) make that link for a multipath map, and a crypttab line naming "
+                f"it would not open at boot without it. {_unchanged('')}",
+                result=False,
+            )
+        line = core.tab.render_crypttab(name, source, key_file, options)
         status = _set_tab_entry(CRYPTTAB, "crypttab", name, line)
-    except (OSError, UnicodeDecodeError, core.tab.TabError) as error:
+    except (OSError, UnicodeDecodeError, core.tab.TabError, CommandExecutionError) as error:
         return _done(ret, f"cannot update {CRYPTTAB}: {error}", result=False)
     if status == "present":
         return _done(ret, f"/etc/crypttab: {line}")

@@ -1182,9 +1182,10 @@ class VolumeAudit:
         entries = self.facts.get("crypttab")
         for crypt in self.volume["crypt"]:
             path = f"/dev/mapper/{crypt['name']}"
-            want_device = self._luks_uuid(crypt)
+            want_device, backing_dm_uuid = self._luks_uuid(crypt)
+            source = stack.crypttab_source(want_device, backing_dm_uuid) if want_device else crypt["device"]
             expected = {
-                "device": f"UUID={want_device}" if want_device else crypt["device"],
+                "device": source,
                 "keyfile": self.volume["key"]["crypttab"],
                 "options": sorted(self.volume["crypttab_options"]),
             }
@@ -1218,14 +1219,29 @@ class VolumeAudit:
             )
 
     def _luks_uuid(self, crypt):
-        """The LUKS UUID of an open crypt device of the plan, if its header was read."""
+        """(LUKS UUID, dm UUID of the device under it) of an open crypt device of the plan;
+        (None, None) unless its header was read."""
         for device in self.devices.values():
             if device["dm_name"] == crypt["name"] and device["kind"] == "crypt":
                 segment = next(s for s in device["table"] if s["target"] == "crypt")
                 header = self.facts.get("headers", {}).get(segment.get("device_name"))
                 if header and "error" not in header:
-                    return header["uuid"]
-        return None
+                    return header["uuid"], self._map_of(segment.get("device_name"))
+        return None, None
+
+    def _map_of(self, name):
+        """The dm UUID of the device ``name``, or of the multipath map it is a path of (a crypt
+        opened on one path, HANA-LAYOUT-005, still belongs on the map at boot, as the state
+        writes it from the pillar's device, the map)."""
+        device = self.devices.get(name) or {}
+        wwid = device.get("wwid")
+        for other in self.devices.values():
+            if other["kind"] == "multipath" and (
+                name in other["slaves"]
+                or (wwid and any(self.devices.get(s, {}).get("wwid") == wwid for s in other["slaves"]))
+            ):
+                return other["dm_uuid"]
+        return device.get("dm_uuid")
 
     def _fstab_rules(self, top, mount):
         volume, entries = self.volume, self.facts.get("fstab")

@@ -6,6 +6,7 @@ walk down from the mounted device through ``slaves``.
 """
 
 import copy
+import re
 
 LVM_UUID_PREFIX = "LVM-"
 CRYPT_UUID_PREFIX = "CRYPT-"
@@ -15,6 +16,25 @@ MULTIPATH_UUID_PREFIX = "mpath-"  # what multipathd names its maps' dm UUIDs
 def is_multipath_uuid(uuid):
     """Is a dm UUID one of multipathd's maps (``mpath-<wwid>``)?"""
     return isinstance(uuid, str) and uuid.startswith(MULTIPATH_UUID_PREFIX)
+
+
+# a multipath map's dm UUID, or one of a partition of it (kpartx: part<N>-mpath-<wwid>)
+ON_MULTIPATH = re.compile(r"(part[0-9]+-)?" + re.escape(MULTIPATH_UUID_PREFIX))
+
+
+def crypttab_source(luks_uuid, backing_dm_uuid):
+    """The device field of the crypttab line of a LUKS device (``luks_uuid``) on the device whose
+    dm UUID is ``backing_dm_uuid`` ("" or None: not device-mapper). A partition of a map counts
+    as the map: each path's partition carries the header too.
+
+    ``UUID=``, unless it lies on a multipath map: every path of the LUN carries the same LUKS
+    header, and systemd opens a ``UUID=`` line on whatever /dev/disk/by-uuid points at when the
+    first device with that UUID appears - a single path, if it comes up before multipathd claims
+    it. The map's own link, /dev/disk/by-id/dm-uuid-mpath-<wwid>, exists only once the map does:
+    systemd-cryptsetup then waits for the map, and never opens a path."""
+    if isinstance(backing_dm_uuid, str) and ON_MULTIPATH.match(backing_dm_uuid):
+        return f"/dev/disk/by-id/dm-uuid-{backing_dm_uuid}"
+    return f"UUID={luks_uuid}"
 
 
 def build_devices(sysfs, tables, mounts):

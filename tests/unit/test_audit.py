@@ -944,3 +944,44 @@ def test_an_erased_header_of_a_closed_volume_is_key_007():
     facts["header_backups"] = {f"{BACKUPS}/hana_data.luks-header": backup}
     found = {(f["rule"], f["device"]) for f in rules.audit(plan_of(pillar), facts)["findings"]}
     assert ("HANA-KEY-007", "/dev/mapper/hana_data") in found, found
+
+
+def test_a_crypt_device_on_a_multipath_map_is_opened_at_boot_by_the_map_never_by_uuid():
+    """Issue 33 (multipath first): every path of a LUN carries the LUKS header, so a ``UUID=``
+    crypttab line opens whichever device /dev/disk/by-uuid names first - a single path when it
+    comes up before multipathd claims it. A device on a map is named by the map's own link."""
+    wwid_uuid = "mpath-3600a098038304437"
+    assert stack.crypttab_source("1b4e28ba-2fa1-11d2-883f-0016d3cca427", wwid_uuid) == (
+        f"/dev/disk/by-id/dm-uuid-{wwid_uuid}"
+    )
+    assert stack.crypttab_source("1b4e28ba", "LVM-abc") == "UUID=1b4e28ba"
+    assert stack.crypttab_source("1b4e28ba", "") == "UUID=1b4e28ba"
+    assert (
+        stack.crypttab_source("1b4e28ba", f"part1-{wwid_uuid}")
+        == f"/dev/disk/by-id/dm-uuid-part1-{wwid_uuid}"
+    )
+    facts = compliant()
+    facts["devices"]["vdc"]["dm_uuid"] = wwid_uuid  # hana_log_0's LUKS lies on a map
+    (finding,) = rules.audit(plan_of(PILLAR), facts)["findings"]
+    assert (finding["rule"], finding["device"]) == ("HANA-PERSIST-001", "/dev/mapper/hana_log_0")
+    assert finding["expected"]["device"] == f"/dev/disk/by-id/dm-uuid-{wwid_uuid}"
+    assert finding["actual"]["device"].startswith("UUID=") and finding["remediation"] == "auto"
+    entry = next(e for e in facts["crypttab"] if e["name"] == "hana_log_0")
+    entry["device"] = f"/dev/disk/by-id/dm-uuid-{wwid_uuid}"
+    assert rules.audit(plan_of(PILLAR), facts)["compliant"] is True
+
+
+def test_a_crypt_opened_on_one_path_of_a_map_still_belongs_on_the_map_in_crypttab():
+    """The state writes the line from the pillar's device (the map); the audit agrees when the
+    crypt was opened on one of the map's paths (HANA-LAYOUT-005 names that), instead of asking
+    for UUID= and fighting the state's line."""
+    facts = compliant()
+    facts["devices"]["dm-9"] = {
+        **facts["devices"]["vdc"], "name": "dm-9", "dev": "253:9", "kind": "multipath", "path": "/dev/mapper/mpatha",
+        "dm_name": "mpatha", "dm_uuid": "mpath-3600a098038304437", "slaves": ["sdz"], "holders": [], "table": [],
+    }  # fmt: skip
+    facts["devices"]["sdz"] = {**facts["devices"]["vdc"], "name": "sdz", "wwid": "naa.600a0980"}
+    facts["devices"]["vdc"]["wwid"] = "naa.600a0980"  # hana_log_0 was opened on vdc, the map's other path
+    entry = next(e for e in facts["crypttab"] if e["name"] == "hana_log_0")
+    entry["device"] = "/dev/disk/by-id/dm-uuid-mpath-3600a098038304437"
+    assert "HANA-PERSIST-001" not in {f["rule"] for f in rules.audit(plan_of(PILLAR), facts)["findings"]}

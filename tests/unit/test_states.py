@@ -50,6 +50,7 @@ def salt_functions(marks):
         "hana_storage_host.probe": MagicMock(),
         "hana_storage_host.luks_header": MagicMock(return_value={"uuid": "u-1", "flags": [], "tokens": []}),
         "hana_storage_host.dm_tables": MagicMock(return_value={}),
+        "hana_storage_host.dm_uuid": MagicMock(return_value=""),
         "hana_storage_host.block_bytes": MagicMock(return_value=None),
         "hana_storage_host.dm_suspended": MagicMock(return_value=False),
         "hana_storage.validate_pillar": MagicMock(return_value=[]),
@@ -1174,6 +1175,32 @@ def test_crypttab_present_writes_the_entry_by_luks_uuid(
     )
     salt_functions["hana_storage_host.luks_header"].assert_called_once_with(LV)
     assert argvs_run(salt_functions) == []
+
+
+def test_crypttab_present_names_a_device_on_a_multipath_map_by_the_map(salt_functions, monkeypatch, tabs):
+    """Issue 33: a UUID= line may open one path of the LUN at boot; the map's link cannot."""
+    fake_paths(monkeypatch, present=["/dev/mapper/mpatha"])
+    salt_functions["hana_storage_host.dm_uuid"].return_value = "mpath-3600a098038304437"
+    link = "/dev/disk/by-id/dm-uuid-mpath-3600a098038304437"
+    monkeypatch.setattr(
+        states, "_same_node", lambda path, other: (path, other) == (link, "/dev/mapper/mpatha")
+    )
+    ret = states.crypttab_present("hana_log_0", "/dev/mapper/mpatha", KEY, CRYPTTAB_OPTIONS)
+    line = f"hana_log_0 {link} {KEY} luks,no-read-workqueue,no-write-workqueue"
+    assert ret["result"] is True and ret["changes"] == {"crypttab": {"new": line}}
+    salt_functions["hana_storage_host.dm_uuid"].assert_called_once_with("/dev/mapper/mpatha")
+
+
+def test_crypttab_present_refuses_a_map_link_that_udev_did_not_make(salt_functions, monkeypatch, tabs):
+    """A line naming a link that is not there would not open at boot: refused, nothing written."""
+    fake_paths(monkeypatch, present=["/dev/mapper/mpatha"])
+    salt_functions["hana_storage_host.dm_uuid"].return_value = "mpath-3600a098038304437"
+    monkeypatch.setattr(states, "_same_node", lambda path, other: False)
+    tabs.set(crypttab="hana_log_0 UUID=u-1 /k luks\n")
+    ret = states.crypttab_present("hana_log_0", "/dev/mapper/mpatha", KEY, CRYPTTAB_OPTIONS)
+    assert ret["result"] is False and ret["changes"] == {}
+    assert "13-dm-disk.rules" in ret["comment"] and "Nothing was changed" in ret["comment"]
+    assert tabs.crypttab.read_text() == "hana_log_0 UUID=u-1 /k luks\n"
 
 
 def test_crypttab_present_leaves_a_matching_entry_alone(salt_functions, monkeypatch, tabs):

@@ -95,10 +95,11 @@ def scap_scan(vm, name):
     return outcome
 
 
-# The host's boot path, no Salt: LVM activation, systemd-cryptsetup for every crypttab line (a
-# UUID= resolved to a multipath map where there is one, as udev's by-uuid link would: never to
-# one of its paths), LVM again (below LVM the PVs appear only now), then every XFS mount of
-# /etc/fstab.
+# The host's boot path, no Salt: the /dev/disk/by-id/dm-uuid-* link of each device-mapper device
+# (udev's 13-dm-disk.rules; the guest runs no udev), LVM activation, systemd-cryptsetup for every
+# crypttab line (a UUID= resolved to the first device blkid finds with it: nothing prefers a
+# multipath map over its paths, as nothing does at a real boot), LVM again (below LVM the PVs
+# appear only now), then every XFS mount of /etc/fstab.
 BOOT_WITHOUT_SALT = r"""set -u
 attach_one() {
   timeout "${ATTACH_TIMEOUT:-180}" /lib/systemd/systemd-cryptsetup attach "$1" "$2" "$3" "$4" 2>&1 \
@@ -109,9 +110,7 @@ attach() {
   while read -r name dev key opts; do
     case "$name" in ''|'#'*) continue;; esac
     [ -e "/dev/mapper/$name" ] && continue
-    case "$dev" in UUID=*)
-      found=$(blkid -t "$dev" -o device | grep -m1 '^/dev/mapper/' || blkid -t "$dev" -o device | head -n1);;
-    *) found=$dev;; esac
+    case "$dev" in UUID=*) found=$(blkid -t "$dev" -o device | head -n1);; *) found=$dev;; esac
     [ -n "$found" ] || continue
     echo "attach $name $found $opts"
     if [ -n "${PARALLEL:-}" ]; then attach_one "$name" "$found" "$key" "$opts" & pids="$pids $!"
@@ -123,13 +122,20 @@ attach() {
 # clevis-luks-askpass.path starts it at boot. A boot starts with no passphrase cached:
 # systemd-cryptsetup keeps the ones it was given in the kernel keyring for 150 s and tries them
 # first.
+dm_links() {
+  mkdir -p /dev/disk/by-id
+  for dm in /sys/block/dm-*; do
+    [ -e "$dm" ] || continue
+    uuid=$(cat "$dm/dm/uuid"); [ -n "$uuid" ] && ln -sfn "../../${dm##*/}" "/dev/disk/by-id/dm-uuid-$uuid"
+  done
+}
 keyctl purge user cryptsetup >/dev/null
 agent=
 if awk '$1 !~ /^#/ && $3 == "none"' /etc/crypttab | grep -q .; then
   mkdir -p /run/systemd/ask-password; /usr/libexec/clevis-luks-askpass -l >/tmp/clevis-askpass.log 2>&1 &
   agent=$!
 fi
-vgchange -q -ay >/dev/null 2>&1; attach; vgchange -q -ay >/dev/null 2>&1
+dm_links; vgchange -q -ay >/dev/null 2>&1; attach; vgchange -q -ay >/dev/null 2>&1
 [ -n "$agent" ] && kill "$agent" 2>/dev/null
 for point in $(awk '$3 == "xfs" {print $2}' /etc/fstab); do mount "$point" && echo "mounted $point"; done
 """

@@ -37,9 +37,12 @@ def path(lun, n):
 
 
 def create_maps():
-    return "modprobe -a dm-multipath dm-round-robin\n" + "".join(
+    """The maps as multipathd makes them, and the link udev's 13-dm-disk.rules gives each (the
+    guest runs no udev): /dev/disk/by-id/dm-uuid-mpath-<wwid>, what crypttab names a map by."""
+    return "modprobe -a dm-multipath dm-round-robin\nmkdir -p /dev/disk/by-id\n" + "".join(
         f'dmsetup create {name} -u mpath-lun{i} --table "0 $(blockdev --getsz {path(i, 0)}) multipath '
         f'0 0 1 1 round-robin 0 2 1 {path(i, 0)} 1 {path(i, 1)} 1"\n'
+        f"ln -sfn /dev/mapper/{name} /dev/disk/by-id/dm-uuid-mpath-lun{i}\n"
         for i, name in enumerate(MAPS)
     )
 
@@ -184,9 +187,17 @@ def test_below_lvm_on_eight_luns_builds_and_audits_compliant(vm, below):
     assert lv["stripes"] == 8 and lv["chunk_bytes"] == 128 * 1024
 
 
-def test_below_lvm_boots_without_salt(vm, below):
+def test_below_lvm_boots_without_salt_each_luks_on_its_map_never_on_a_path(vm, below):
+    """Issue 33, multipath first: every path carries the LUN's LUKS header, so each crypttab
+    line names its map's own link (it exists only once the map does), never UUID=."""
+    crypttab = vm.run("cat /etc/crypttab", check=True, echo=False).output
+    for i in range(LUNS):
+        assert f"hana_log_{i} /dev/disk/by-id/dm-uuid-mpath-lun{i} " in crypttab, crypttab
     out = boots_without_salt(vm, "/hana/log", "vg_hana_log")
-    assert all(f"attach hana_log_{i} /dev/mapper/{m}" in out for i, m in enumerate(MAPS)), out
+    for i, name in enumerate(MAPS):
+        assert f"attach hana_log_{i} /dev/disk/by-id/dm-uuid-mpath-lun{i}" in out, out
+        status = vm.run(f"cryptsetup status hana_log_{i} | grep device:", echo=False).output.split()
+        assert status[-1] == f"/dev/mapper/{name}", status
 
 
 def test_beacon_remediation_and_report_work_on_the_maps(vm, below):
