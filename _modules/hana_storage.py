@@ -388,6 +388,36 @@ def scap_record():
     return dict(result, written=core.scap.STATUS)
 
 
+def boot_readiness():
+    """
+    Will this host unlock its storage at the next boot, without Salt? For each /etc/crypttab
+    line systemd opens at boot (not ``noauto``), whether the path it will take opens the device
+    now: the device there, the key file there and opening the header (on a copy), or for a Clevis
+    line the password agent and remote-cryptsetup.target enabled, ``_netdev`` on the line, and
+    Clevis unlocking a keyslot now - which asks the Tang servers (or the TPM), unlike the audit.
+    Run it before a reboot or a patch day; it changes nothing.
+
+    Returns ``{"ready": bool, "lines": [{"name", "device", "at_boot", "ready", "problems":
+    [{"code", "cause", "fix"}]}]}`` (codes: ``core.readiness.PROBLEMS``), or ``{"ready": False,
+    "error": ...}`` when /etc/crypttab cannot be read. The job's retcode is 1 unless ready.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' hana_storage.boot_readiness
+    """
+    seen = _host("boot_path")()
+    result = (
+        {"ready": False, "error": seen["error"]}
+        if "error" in seen
+        else core.readiness.verdict(seen["lines"], seen["facts"])
+    )
+    if not result["ready"]:
+        __context__["retcode"] = 1
+    return result
+
+
 def scap_datastream():
     """
     The formula's SCAP 1.3 source data stream (text): an XCCDF 1.2 benchmark with the profile

@@ -14,7 +14,10 @@ import logging
 import os
 import platform
 import re
+import signal
 import stat
+import subprocess
+import time
 
 import hana_storage_core as core  # the loader puts its utils directories on sys.path while loading this
 import salt.utils.args
@@ -335,6 +338,203 @@ def boot_facts():
         # a kernel built without FIPS support has no such file: not in FIPS mode
         "fips": _read(FIPS_ENABLED).strip() == "1",
     }
+
+
+# seconds the readiness check gives Clevis: per keyslot (a boot's password agent waits about as
+# long for Tang), and for all the lines together, so that a Tang server that accepts and never
+# answers costs one wait per keyslot, not a pile of them
+CLEVIS_TIMEOUT = 30
+CLEVIS_BUDGET = 120
+# where systemd-cryptsetup looks for a key when crypttab's key field is none or "-" (systemd 247+)
+KEY_DIRECTORIES = ("/etc/cryptsetup-keys.d", "/run/cryptsetup-keys.d")
+# what Clevis runs in: no proxy and no shell options of the minion's (the boot's agent has neither)
+CLEVIS_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
+
+
+def boot_path():
+    """
+    What the boot path would meet for each /etc/crypttab line, read now (the facts of
+    ``hana_storage.boot_readiness``; core.readiness judges them): ``{"lines": [...], "facts":
+    [...]}``, or ``{"error": ...}`` when /etc/crypttab cannot be read.
+
+    Reads only: a key file, and what Clevis decrypts for a keyslot, are each tried on an
+    in-memory copy of the header (``clevis luks pass`` proves the passphrase it decrypts on the
+    copy itself; its output, the passphrase, goes to /dev/null). Clevis asks the Tang servers (or
+    the TPM) as the boot will, so this contacts them, unlike the audit: at most
+    ``CLEVIS_TIMEOUT`` seconds a keyslot and ``CLEVIS_BUDGET`` seconds in all.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' hana_storage_host.boot_path
+    """
+    lines = _parsed_file("/etc/crypttab", core.tab.parse_crypttab)
+    if not isinstance(lines, list):
+        return {"error": lines.get("error", "/etc/crypttab unreadable")}
+    units = {unit: _unit_enabled(unit) for unit in core.readiness.ASKPASS_UNITS}
+    deadline = time.monotonic() + CLEVIS_BUDGET
+    facts = []
+    for line in lines:
+        source = _crypttab_source_path(line["device"])
+        fact = {"source": source, "units": units}
+        if source and core.readiness.judged_by_key(line):
+            header = _header_or_error(source)
+            key_file = (
+                line["keyfile"] if core.readiness.has_key_file(line) else _key_in_directories(line["name"])
+            )
+            if key_file:
+                fact["key"] = _boot_key(source, header, key_file)
+            else:
+                fact["clevis"] = _clevis_unlocks(source, header, deadline)
+        facts.append(fact)
+    return {"lines": lines, "facts": facts}
+
+
+def _key_in_directories(name):
+    """The key file systemd-cryptsetup finds for ``name`` when crypttab gives none, if any."""
+    for directory in KEY_DIRECTORIES:
+        path = os.path.join(directory, f"{name}.key")
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def _crypttab_source_path(device):
+    """The path systemd opens for crypttab's device field, if that device is there now. A tag
+    (``UUID=``...) is a /dev/disk link udev makes; only a host without udev (the lab's guest)
+    asks blkid instead (without its cache file: this reads only)."""
+    tags = {
+        "UUID=": "by-uuid",
+        "PARTUUID=": "by-partuuid",
+        "LABEL=": "by-label",
+        "PARTLABEL=": "by-partlabel",
+    }
+    try:
+        for tag, folder in tags.items():
+            if device.startswith(tag):
+                link = f"/dev/disk/{folder}/{device[len(tag) :]}"
+                if os.path.exists(link):
+                    return os.path.realpath(link)
+                if os.path.exists("/run/udev/control"):
+                    return None  # udev runs and made no link: systemd would wait for it in vain
+                found, error = _run(["blkid", "-c", "/dev/null", "-o", "device", "-t", device])
+                return (found.split() or [None])[0] if not error else None
+        return os.path.realpath(device) if os.path.exists(device) else None
+    except ValueError:  # a NUL in the field
+        return None
+
+
+def _header_or_error(path):
+    try:
+        return luks_header(path)
+    except CommandExecutionError as error:
+        return {"error": str(error)}
+
+
+def _boot_key(path, header, key_file):
+    if not os.path.isfile(key_file):
+        return {"path": key_file, "exists": False}
+    if "error" in header:
+        return {
+            "path": key_file,
+            "exists": True,
+            "opens": None,
+            "error": f"no readable LUKS header: {header['error']}",
+        }
+    opens, error = _key_test(path, header, key_file)
+    return {"path": key_file, "exists": True, "opens": opens, "error": error}
+
+
+def _clevis_unlocks(path, header, deadline):
+    """{"tokens", "network", "unlocks", "error"}: does Clevis unlock a keyslot of its tokens now
+    (``clevis luks pass`` on a copy of the header: it decrypts the token, asking Tang or the TPM,
+    and tries the passphrase on the copy; exit 0 only when it opens the keyslot)? ``network``:
+    a token asks Tang servers. ``error`` with no tokens: the header could not be read."""
+    if "error" in header:
+        return {
+            "tokens": 0,
+            "network": False,
+            "unlocks": False,
+            "error": f"no readable LUKS header: {header['error']}",
+        }
+    if header.get("version") == 1:
+        return {
+            "tokens": 0,
+            "network": False,
+            "unlocks": False,
+            "error": "LUKS1: Clevis bindings (luksmeta) are not checked",
+        }
+    tokens = [t for t in header.get("tokens", []) if t["type"] == "clevis"]
+    network = any(t.get("clevis", {}).get("servers") for t in tokens)
+    slots = [s for t in tokens for s in t.get("keyslots", [])[:1] if isinstance(s, str) and s.isdigit()]
+    size = core.luks.header_bytes(header)
+    if size is None:
+        return {
+            "tokens": len(tokens),
+            "network": network,
+            "unlocks": False,
+            "error": "the LUKS header has no size a header has",
+        }
+    errors = []
+    for slot in slots:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            errors.append(f"keyslot {slot}: not tried, the check's {CLEVIS_BUDGET} s for Clevis were spent")
+            continue
+        try:
+            with core.files.memory_copy(path, size) as copy:
+                code, said = _clevis_pass(copy, slot, min(CLEVIS_TIMEOUT, left))
+        except OSError as error:
+            errors.append(f"keyslot {slot}: {error}")
+            continue
+        if code == 0:
+            return {"tokens": len(tokens), "network": network, "unlocks": True, "error": None}
+        errors.append(f"keyslot {slot}: {said}")
+    return {"tokens": len(tokens), "network": network, "unlocks": False, "error": "; ".join(errors) or None}
+
+
+def _clevis_pass(copy, slot, timeout):
+    """(exit code, what it said) of ``clevis luks pass`` on the header copy ``copy`` (a
+    /proc/<pid>/fd/<n> path). The copy is handed down as the child's own descriptor and named
+    /dev/fd/<n>, so no process of it can reach another file by that number; on a timeout its
+    whole process group goes (clevis's curl, its subshells)."""
+    descriptor = int(copy.rsplit("/", 1)[-1])
+    try:
+        child = subprocess.Popen(  # noqa: S603 - a fixed argv, no shell
+            ["clevis", "luks", "pass", "-d", f"/dev/fd/{descriptor}", "-s", slot],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,  # the passphrase
+            stderr=subprocess.PIPE,
+            pass_fds=(descriptor,),
+            start_new_session=True,
+            env=CLEVIS_ENV,
+        )
+    except FileNotFoundError:
+        return None, "clevis is not installed"
+    try:
+        _out, err = child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+        child.communicate()
+        return None, f"no answer within {round(timeout)} s"
+    said = " ".join(err.decode(errors="replace").split())[:300]
+    return child.returncode, said or f"clevis exited {child.returncode}"
+
+
+def _unit_enabled(unit):
+    """What `systemctl is-enabled` says of ``unit``; "unknown" when it cannot say."""
+    try:
+        result = __salt__["cmd.run_all"](
+            ["systemctl", "is-enabled", unit],
+            python_shell=False,
+            output_loglevel="quiet",
+            ignore_retcode=True,
+        )
+    except CommandExecutionError:
+        return "unknown"
+    return (result["stdout"] or "").strip().split("\n")[0] or "unknown"
 
 
 def _read(path):

@@ -37,6 +37,7 @@ from . import (  # noqa: F401 - the package's modules, as core.<module> for its 
     lun,
     lvm,
     pillar,
+    readiness,
     report,
     rules,
     safety,

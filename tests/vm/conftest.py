@@ -113,6 +113,9 @@ attach() {
     case "$dev" in UUID=*) found=$(blkid -t "$dev" -o device | head -n1);; *) found=$dev;; esac
     [ -n "$found" ] || continue
     echo "attach $name $found $opts"
+    # a key file that does not open falls back to a passphrase prompt nobody answers at an
+    # unattended boot: headless says so at once (a Clevis line's prompt is its agent's to answer)
+    case "$key" in none|-) ;; *) opts="$opts,headless";; esac
     if [ -n "${PARALLEL:-}" ]; then attach_one "$name" "$found" "$key" "$opts" & pids="$pids $!"
     else attach_one "$name" "$found" "$key" "$opts"; fi
   done </etc/crypttab

@@ -254,30 +254,51 @@ def test_a_destroyed_header_is_restored_from_its_backup(vm, built):
     assert vm.run("sha256sum /hana/shared/restore.bin", check=True, echo=False).output == before
 
 
-def test_after_the_rotation_the_host_boots_the_lab_layout_without_salt(vm, built):
+def readiness(vm):
+    """hana_storage.boot_readiness: (ready, {crypttab name: [problem codes]} of the lines not ready)."""
+    result = vm.salt("hana_storage.boot_readiness", title="hana_storage.boot_readiness").ret
+    assert all(line["at_boot"] for line in result["lines"]), result
+    return result["ready"], {
+        line["name"]: [p["code"] for p in line["problems"]] for line in result["lines"] if not line["ready"]
+    }
+
+
+def test_after_the_rotation_the_host_boots_the_lab_layout_without_salt_as_readiness_foresees(vm, built):
+    """Issue 33: the readiness check says yes; with the key file gone it says which lines will not
+    open, and a boot without Salt leaves exactly those locked; with the file back it says yes and
+    the boot opens them."""
     files = " ".join(f"{m}/keep.bin" for m in MOUNTPOINTS)
     vm.run(
         f"for m in {' '.join(MOUNTPOINTS)}; do head -c 1M /dev/urandom >$m/keep.bin; done; sync", check=True
     )
     before = vm.run(f"sha256sum {files}", check=True, echo=False).output
+    assert readiness(vm) == (True, {})
+    vm.run(f"mv {KEY_FILE} {KEY_FILE}.away", check=True)
+    key_lines = sorted(set(CRYPTS) - set(TANG_CRYPTS))
+    assert readiness(vm) == (False, dict.fromkeys(key_lines, ["key_file_missing"]))
     close_storage(vm, MOUNTPOINTS, VGS)
     assert vm.run("dmsetup ls --target crypt", echo=False).output.strip() in ("", "No devices found")
-    out = boot_without_salt(vm)
-    assert all(f"attach {c} " in out for c in CRYPTS) and all(f"mounted {m}" in out for m in MOUNTPOINTS), out
+    out = boot_without_salt(vm, expect_locked=key_lines)
     unlocked = vm.run("cat /tmp/clevis-askpass.log", echo=False).output
     assert unlocked.count("Unlocked") == len(TANG_CRYPTS), unlocked  # Clevis's agent, from Tang
+    vm.run(f"mv {KEY_FILE}.away {KEY_FILE}", check=True)
+    assert readiness(vm) == (True, {})
+    out += boot_without_salt(vm)
+    assert all(f"attach {c} " in out for c in CRYPTS) and all(f"mounted {m}" in out for m in MOUNTPOINTS), out
     assert vm.run(f"sha256sum {files}", check=True, echo=False).output == before
     only_the_generic_driver(audit(vm))
 
 
-def test_without_tang_only_the_tang_volumes_stay_locked(vm, built, tang):
+def test_without_tang_only_the_tang_volumes_stay_locked_as_readiness_foresees(vm, built, tang):
     # the last test of the module: it leaves the Tang volumes locked
-    close_storage(vm, MOUNTPOINTS, VGS)
     tang.stop()
     try:
+        assert readiness(vm) == (False, dict.fromkeys(TANG_CRYPTS, ["clevis_fails"]))
+        close_storage(vm, MOUNTPOINTS, VGS)
         out = boot_without_salt(vm, expect_locked=TANG_CRYPTS, attach_timeout=10)
     finally:
         tang.start()
+    assert readiness(vm) == (True, {})  # Tang is back: the next boot opens them
     mounted = sorted(m for m in MOUNTPOINTS if f"mounted {m}" in out)
     assert mounted == ["/hana/data", "/hana/shared"], out
     assert {(f["rule"], f["mountpoint"]) for f in audit(vm)["findings"] if f["rule"] == "HANA-MOUNT-001"} == {

@@ -1,0 +1,171 @@
+"""Will this host unlock its storage at the next boot? A verdict per /etc/crypttab line, from
+facts read now by the execution module (``hana_storage.boot_readiness``). Pure code.
+
+A line systemd opens at boot (every line without ``noauto``: those Salt opens) is ready when the
+path systemd will take opens it now:
+
+- its device is there (a ``UUID=`` that a device carries, a path that exists);
+- a key file (the line's, or systemd's /etc/cryptsetup-keys.d/<name>.key for key ``none``): it
+  exists and opens a keyslot of the device (tried on a copy of the header);
+- no key file, with Clevis tokens: Clevis's password agent (``clevis-luks-askpass.path``) and
+  ``remote-cryptsetup.target`` enabled, ``_netdev`` on the line when a token asks Tang (the
+  network), and Clevis unlocks a keyslot now, which asks the Tang servers (or the TPM) as the
+  boot will;
+- no key file and no Clevis token: systemd asks a person at the console, so it is not ready.
+
+Lines of throw-away devices (swap, tmp, plain with a random key) need only their device. A line
+whose way of opening this check cannot follow (a detached header, a key offset, a FIDO2 or
+PKCS#11 token...) is ``unchecked``: not ready, since nobody knows. A line with ``nofail`` does
+not stop the boot when it fails (``blocks_boot`` False), but its volume stays locked all the same.
+Each problem is a code (``PROBLEMS``) with the cause and the fix in words.
+"""
+
+ASKPASS_UNITS = ("clevis-luks-askpass.path", "remote-cryptsetup.target")
+ENABLED = ("enabled", "static", "alias", "generated")  # `systemctl is-enabled` answers that hold at boot
+THROWAWAY_OPTIONS = {"swap", "tmp", "plain"}
+RANDOM_KEYS = {"/dev/urandom", "/dev/random", "/dev/hw_random"}
+# crypttab options that change how a line opens in ways this check does not follow
+UNFOLLOWED_OPTIONS = (
+    "header=", "keyfile-offset=", "keyfile-size=", "key-slot=", "keyfile-erase", "tpm2-device=",
+    "fido2-device=", "pkcs11-uri=", "token-timeout=", "tcrypt", "bitlk",
+)  # fmt: skip
+
+PROBLEMS = {
+    "device_missing": (
+        "{device} is not there: systemd waits for it, then gives up",
+        "bring the LUN back (its paths, multipath -ll), or correct the crypttab line",
+    ),
+    "key_file_missing": (
+        "its key file {keyfile} does not exist",
+        "have the key store put it back, then ask again",
+    ),
+    "key_does_not_open": (
+        "its key file {keyfile} opens no keyslot of {device}",
+        "put back the key the device was made with, or add this key to a keyslot (hana_storage.boot_readiness "
+        "names the line; a key rotation that ended half way leaves this)",
+    ),
+    "header_unreadable": (
+        "the LUKS header of {device} cannot be read: {error}",
+        "hana_storage.audit names a damaged header (HANA-ENC-007); restore it from its backup",
+    ),
+    "unchecked": (
+        "this check cannot follow how the line opens ({why})",
+        "open a copy of its header by hand (cryptsetup open --test-passphrase) before the reboot",
+    ),
+    "key_untested": (
+        "its key file {keyfile} could not be tried: {error}",
+        "read the error; the audit (hana_storage.audit) names a damaged header",
+    ),
+    "no_unattended_unlock": (
+        "no key file and no Clevis binding: systemd asks for a passphrase at the console",
+        "bind the device to Tang (key source tang) or give it a key file",
+    ),
+    "askpass_disabled": (
+        "{unit} is {state}: nothing answers systemd-cryptsetup's passphrase request at boot",
+        "systemctl enable {unit} (state.apply hana.storage enables it)",
+    ),
+    "no_netdev": (
+        "the line has no _netdev: systemd opens it before the network is up, when Tang cannot be reached",
+        "add _netdev to its options (state.apply hana.storage writes it)",
+    ),
+    "clevis_fails": (
+        "Clevis unlocks no keyslot now: {error}",
+        "check each Tang server (curl <url>/adv) and the binding (clevis luks list -d {device}); a server "
+        "whose old keys were deleted after a rotation needs clevis luks regen; a changed PCR, a TPM2 rebinding",
+    ),
+}
+
+
+def problem(code, **facts):
+    cause, fix = PROBLEMS[code]
+    return {"code": code, "cause": cause.format(**facts), "fix": fix.format(**facts)}
+
+
+def at_boot(line):
+    return "noauto" not in line["options"]
+
+
+def throwaway(line):
+    return bool(THROWAWAY_OPTIONS & set(line["options"])) or line["keyfile"] in RANDOM_KEYS
+
+
+def has_key_file(line):
+    return line["keyfile"] not in ("none", "-", "")
+
+
+def unfollowed(line):
+    """Why this check cannot follow how ``line`` opens, or None."""
+    options = [o for o in line["options"] for prefix in UNFOLLOWED_OPTIONS if o.startswith(prefix)]
+    if options:
+        return ", ".join(options)
+    if has_key_file(line) and ":" in line["keyfile"]:
+        return f"a key file on another device ({line['keyfile']})"
+    return None
+
+
+def judged_by_key(line):
+    """Does ``line`` need its key (or Clevis) read to be judged? (Else its device alone.)"""
+    return at_boot(line) and not throwaway(line) and unfollowed(line) is None
+
+
+def line_verdict(line, facts):
+    """{"name", "device", "at_boot", "blocks_boot", "ready", "problems"} of one crypttab ``line``
+    (core.tab), from ``facts``: {"source": the device's path or None, "key": {"path", "exists",
+    "opens", "error"} (a key file's, the line's or systemd's key directory's), "clevis":
+    {"tokens", "network", "unlocks", "error"}, "units": {unit: is-enabled answer}}."""
+    verdict = {
+        "name": line["name"],
+        "device": line["device"],
+        "at_boot": at_boot(line),
+        "blocks_boot": at_boot(line) and "nofail" not in line["options"],
+        "problems": [],
+    }
+    if not verdict["at_boot"]:
+        verdict["ready"] = True  # Salt opens it, with the key it writes: not the boot's business
+        return verdict
+    found = verdict["problems"]
+    key, clevis = facts.get("key"), facts.get("clevis") or {}
+    if not facts.get("source"):
+        found.append(problem("device_missing", device=line["device"]))
+    elif throwaway(line):
+        pass
+    elif unfollowed(line):
+        found.append(problem("unchecked", why=unfollowed(line)))
+    elif key is not None:
+        if not key.get("exists"):
+            found.append(problem("key_file_missing", keyfile=key.get("path") or line["keyfile"]))
+        elif key.get("opens") is False:
+            found.append(problem("key_does_not_open", keyfile=key["path"], device=line["device"]))
+        elif key.get("opens") is None:
+            found.append(problem("key_untested", keyfile=key["path"], error=key.get("error") or "no answer"))
+    elif has_key_file(line):
+        found.append(problem("key_untested", keyfile=line["keyfile"], error="not tried"))
+    elif not clevis.get("tokens"):
+        if clevis.get("error"):
+            found.append(problem("header_unreadable", device=line["device"], error=clevis["error"]))
+        else:
+            found.append(problem("no_unattended_unlock"))
+    else:
+        units = facts.get("units") or {}
+        for unit in ASKPASS_UNITS:
+            state = units.get(unit) or "unknown"
+            if state not in ENABLED:
+                found.append(problem("askpass_disabled", unit=unit, state=state))
+        if clevis.get("network") and "_netdev" not in line["options"]:
+            found.append(problem("no_netdev"))
+        if not clevis.get("unlocks"):
+            found.append(
+                problem(
+                    "clevis_fails",
+                    error=clevis.get("error") or "no keyslot opened",
+                    device=line["device"],
+                )
+            )
+    verdict["ready"] = not found
+    return verdict
+
+
+def verdict(lines, facts):
+    """{"ready", "lines"}: ``lines`` (core.tab.parse_crypttab) judged with ``facts`` [one per line]."""
+    judged = [line_verdict(line, fact) for line, fact in zip(lines, facts, strict=True)]
+    return {"ready": all(j["ready"] for j in judged), "lines": judged}
