@@ -569,13 +569,15 @@ def _run_state(fun, kwargs, deadline):
     ``deadline`` (time.monotonic()). state.single also answers a list for errors of its own
     (a state function not synced: "Specified state ... was not found"), which are not waited on."""
     try:
-        while __salt__["state.running"]():
+        running = __salt__["state.running"]()
+        while running:
             if time.monotonic() >= deadline:
                 return {
                     "result": False,
-                    "comment": f"a state job ran for all of the remediation's {REMEDIATION_WAIT} s: {__salt__['state.running']()}",
+                    "comment": f"a state job ran for all of the remediation's {REMEDIATION_WAIT} s: {running}",
                 }
             _pause(2)
+            running = __salt__["state.running"]()
         ret = __salt__["state.single"](fun, queue=False, **kwargs)
         if isinstance(ret, list) and __salt__["state.running"]() and time.monotonic() < deadline:
             return _run_state(fun, kwargs, deadline)  # a state job began between the look and the call

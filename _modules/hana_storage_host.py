@@ -372,21 +372,22 @@ def boot_path():
     lines = _parsed_file("/etc/crypttab", core.tab.parse_crypttab)
     if not isinstance(lines, list):
         return {"error": lines.get("error", "/etc/crypttab unreadable")}
-    units = {unit: _unit_enabled(unit) for unit in core.readiness.ASKPASS_UNITS}
+    units = {unit: unit_enabled(unit) for unit in core.readiness.ASKPASS_UNITS}
     deadline = time.monotonic() + CLEVIS_BUDGET
     facts = []
     for line in lines:
         source = _crypttab_source_path(line["device"])
         fact = {"source": source, "units": units}
         if source and core.readiness.judged_by_key(line):
-            header = _header_or_error(source)
             key_file = (
                 line["keyfile"] if core.readiness.has_key_file(line) else _key_in_directories(line["name"])
             )
-            if key_file:
-                fact["key"] = _boot_key(source, header, key_file)
+            if not key_file:
+                fact["clevis"] = _clevis_unlocks(source, _header_or_error(source), deadline)
+            elif os.path.isfile(key_file):
+                fact["key"] = {"path": key_file, "exists": True, **key_opens(source, key_file)}
             else:
-                fact["clevis"] = _clevis_unlocks(source, header, deadline)
+                fact["key"] = {"path": key_file, "exists": False}
         facts.append(fact)
     return {"lines": lines, "facts": facts}
 
@@ -430,20 +431,6 @@ def _header_or_error(path):
         return luks_header(path)
     except CommandExecutionError as error:
         return {"error": str(error)}
-
-
-def _boot_key(path, header, key_file):
-    if not os.path.isfile(key_file):
-        return {"path": key_file, "exists": False}
-    if "error" in header:
-        return {
-            "path": key_file,
-            "exists": True,
-            "opens": None,
-            "error": f"no readable LUKS header: {header['error']}",
-        }
-    opens, error = _key_test(path, header, key_file)
-    return {"path": key_file, "exists": True, "opens": opens, "error": error}
 
 
 def _clevis_unlocks(path, header, deadline):
@@ -523,8 +510,18 @@ def _clevis_pass(copy, slot, timeout):
     return child.returncode, said or f"clevis exited {child.returncode}"
 
 
-def _unit_enabled(unit):
-    """What `systemctl is-enabled` says of ``unit``; "unknown" when it cannot say."""
+def unit_enabled(unit):
+    """
+    What `systemctl is-enabled` says of the systemd ``unit`` (enabled, enabled-runtime,
+    disabled...); "unknown" when it cannot say. systemctl answers with or without systemd
+    running (an image build, a rescue system).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' hana_storage_host.unit_enabled clevis-luks-askpass.path
+    """
     try:
         result = __salt__["cmd.run_all"](
             ["systemctl", "is-enabled", unit],

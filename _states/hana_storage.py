@@ -1226,12 +1226,15 @@ def _header_flags(device):
 
 
 def _same_device(table_device, path):
-    """Does a dm table's ``major:minor`` (or path) name the block device at ``path``?"""
+    """Does a dm table's ``major:minor``, or a path (a udev link and a node of its own alike),
+    name the block device at ``path``?"""
     try:
         rdev = os.stat(path).st_rdev
+        if table_device.startswith("/"):
+            return os.stat(table_device).st_rdev == rdev
     except OSError:
         return False
-    return table_device in (f"{os.major(rdev)}:{os.minor(rdev)}", path, os.path.realpath(path))
+    return table_device == f"{os.major(rdev)}:{os.minor(rdev)}"
 
 
 CRYPTTAB, FSTAB = "/etc/crypttab", "/etc/fstab"
@@ -1250,14 +1253,6 @@ def _set_tab_entry(path, kind, key, line):
     if status != "present" and not __opts__["test"]:
         core.files.replace_file(path, text.encode("utf-8"))
     return status
-
-
-def _same_node(path, other):
-    """Do two paths name one block device (a udev link and a node of its own alike)?"""
-    try:
-        return os.stat(path).st_rdev == os.stat(other).st_rdev
-    except OSError:
-        return False
 
 
 def crypttab_present(name, device, key_file, options):
@@ -1279,7 +1274,7 @@ def crypttab_present(name, device, key_file, options):
         return _done(ret, f"{device} has no LUKS header: {error}", result=False)
     try:
         source = core.stack.crypttab_source(uuid, __salt__["hana_storage_host.dm_uuid"](device))
-        if not source.startswith("UUID=") and not _same_node(source, device):
+        if not source.startswith("UUID=") and not _same_device(source, device):
             return _done(
                 ret,
                 f"{source} does not lead to {device}: udev's device-mapper rules (13-dm-disk.rules, in "
@@ -1299,11 +1294,6 @@ def crypttab_present(name, device, key_file, options):
     return _done(ret, f"/etc/crypttab: {verb} {line}", crypttab={status: line})
 
 
-# `systemctl is-enabled` states that hold across a reboot; it exits 0 for enabled-runtime too
-# (a link under /run, gone at the next boot)
-ENABLED_FOR_GOOD = ("enabled", "static", "alias", "generated")
-
-
 def units_enabled(name, units):
     """
     The systemd ``units`` are enabled for good (``systemctl enable``: the links their [Install]
@@ -1312,25 +1302,12 @@ def units_enabled(name, units):
     unit.
     """
     ret = _ret(name)
-    disabled = [unit for unit in units if _unit_state(unit) not in ENABLED_FOR_GOOD]
+    enabled = __salt__["hana_storage_host.unit_enabled"]
+    disabled = [unit for unit in units if enabled(unit) not in core.readiness.ENABLED_FOR_GOOD]
     if not disabled:
         return _done(ret, f"{', '.join(units)}: enabled")
     argv = ["systemctl", "enable", *disabled]
     return _change(ret, argv, f"{' '.join(argv)} failed", f"enabled {', '.join(disabled)}", enabled=disabled)
-
-
-def _unit_state(unit):
-    """What `systemctl is-enabled` says of ``unit`` (enabled, enabled-runtime, disabled...)."""
-    try:
-        result = __salt__["cmd.run_all"](
-            ["systemctl", "is-enabled", unit],
-            python_shell=False,
-            output_loglevel="quiet",
-            ignore_retcode=True,
-        )
-    except CommandExecutionError:
-        return "unknown"
-    return (result["stdout"] or "").strip().split("\n")[0]
 
 
 # ---- LVM creation, activation, filesystem, mount ---------------------------------------------

@@ -9,12 +9,10 @@ written here.
 """
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
 import stat
-import time
 
 from . import events, files
 
@@ -63,24 +61,12 @@ def memory_dir(cachedir):
 @contextlib.contextmanager
 def memory_lock(directory, path):
     """The memory's lock, held exclusively (every instance and process of this minion)."""
-    descriptor = os.open(
-        MEMORY_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=directory
-    )
-    try:
-        deadline = time.monotonic() + MEMORY_LOCK_SECONDS
-        while True:
-            try:
-                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise MemoryProblem(
-                        f"{path}/{MEMORY_LOCK} held for over {MEMORY_LOCK_SECONDS} s by another process"
-                    ) from None
-                time.sleep(0.02)
+    with files.exclusive(MEMORY_LOCK, MEMORY_LOCK_SECONDS, directory, poll=0.02) as held:
+        if not held:
+            raise MemoryProblem(
+                f"{path}/{MEMORY_LOCK} held for over {MEMORY_LOCK_SECONDS} s by another process"
+            )
         yield
-    finally:
-        os.close(descriptor)  # releases the lock
 
 
 def read_memory(directory, path):

@@ -21,7 +21,9 @@ Each problem is a code (``PROBLEMS``) with the cause and the fix in words.
 """
 
 ASKPASS_UNITS = ("clevis-luks-askpass.path", "remote-cryptsetup.target")
-ENABLED = ("enabled", "static", "alias", "generated")  # `systemctl is-enabled` answers that hold at boot
+# `systemctl is-enabled` answers that hold across a reboot; it exits 0 for enabled-runtime too
+# (a link under /run, gone at the next boot)
+ENABLED_FOR_GOOD = ("enabled", "static", "alias", "generated")
 THROWAWAY_OPTIONS = {"swap", "tmp", "plain"}
 RANDOM_KEYS = {"/dev/urandom", "/dev/random", "/dev/hw_random"}
 # crypttab options that change how a line opens in ways this check does not follow
@@ -129,8 +131,8 @@ def line_verdict(line, facts):
         found.append(problem("device_missing", device=line["device"]))
     elif throwaway(line):
         pass
-    elif unfollowed(line):
-        found.append(problem("unchecked", why=unfollowed(line)))
+    elif why := unfollowed(line):
+        found.append(problem("unchecked", why=why))
     elif key is not None:
         if not key.get("exists"):
             found.append(problem("key_file_missing", keyfile=key.get("path") or line["keyfile"]))
@@ -149,7 +151,7 @@ def line_verdict(line, facts):
         units = facts.get("units") or {}
         for unit in ASKPASS_UNITS:
             state = units.get(unit) or "unknown"
-            if state not in ENABLED:
+            if state not in ENABLED_FOR_GOOD:
                 found.append(problem("askpass_disabled", unit=unit, state=state))
         if clevis.get("network") and "_netdev" not in line["options"]:
             found.append(problem("no_netdev"))

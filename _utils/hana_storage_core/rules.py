@@ -1226,22 +1226,10 @@ class VolumeAudit:
                 segment = next(s for s in device["table"] if s["target"] == "crypt")
                 header = self.facts.get("headers", {}).get(segment.get("device_name"))
                 if header and "error" not in header:
-                    return header["uuid"], self._map_of(segment.get("device_name"))
+                    # a crypt opened on one path (HANA-LAYOUT-005) still belongs on the map at
+                    # boot, as the state writes it from the pillar's device, the map
+                    return header["uuid"], stack.dm_uuid_or_its_map(self.devices, segment.get("device_name"))
         return None, None
-
-    def _map_of(self, name):
-        """The dm UUID of the device ``name``, or of the multipath map it is a path of (a crypt
-        opened on one path, HANA-LAYOUT-005, still belongs on the map at boot, as the state
-        writes it from the pillar's device, the map)."""
-        device = self.devices.get(name) or {}
-        wwid = device.get("wwid")
-        for other in self.devices.values():
-            if other["kind"] == "multipath" and (
-                name in other["slaves"]
-                or (wwid and any(self.devices.get(s, {}).get("wwid") == wwid for s in other["slaves"]))
-            ):
-                return other["dm_uuid"]
-        return device.get("dm_uuid")
 
     def _fstab_rules(self, top, mount):
         volume, entries = self.volume, self.facts.get("fstab")

@@ -168,6 +168,20 @@ def direct_paths(devices, top):
     return sorted(found)
 
 
+def dm_uuid_or_its_map(devices, name):
+    """The dm UUID of the device ``name``, or of the multipath map it is a path of (held by the
+    map, or sharing its WWID with one of the map's paths)."""
+    device = devices.get(name) or {}
+    wwid = device.get("wwid")
+    for other in devices.values():
+        if other["kind"] == "multipath" and (
+            name in other["slaves"]
+            or (wwid and any(devices.get(s, {}).get("wwid") == wwid for s in other["slaves"]))
+        ):
+            return other["dm_uuid"]
+    return device.get("dm_uuid")
+
+
 def encryption_layer(devices, top):
     """'above_lvm', 'below_lvm', 'no_lvm' (crypt, no LV), 'mixed', or None (no crypt at all)."""
     names = stack(devices, top)

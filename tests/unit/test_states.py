@@ -21,6 +21,11 @@ from tests.unit.test_growth import BUILT, MIB4, pvs
 spec = importlib.util.spec_from_file_location("hana_storage_state", REPO / "_states" / "hana_storage.py")
 states = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(states)
+spec = importlib.util.spec_from_file_location(
+    "hana_storage_host_units", REPO / "_modules" / "hana_storage_host.py"
+)
+HOST = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(HOST)
 
 DEV = "253:4"
 REAL_EXISTS = os.path.exists
@@ -37,9 +42,20 @@ def marks(tmp_path_factory):
     return tmp_path_factory.mktemp("luks-format")
 
 
+def host_function(name, functions):
+    """The host module's own ``name``, running its commands through ``functions`` (the test's
+    cmd.run_all, as it stands when called)."""
+
+    def call(*args):
+        HOST.__salt__ = functions
+        return getattr(HOST, name)(*args)
+
+    return call
+
+
 @pytest.fixture
 def salt_functions(marks):
-    return {
+    functions = {
         "hana_storage_host.format_marker": lambda uuid, stage="header": str(
             marks / (uuid + {"header": "", "payload": ".payload"}[stage])
         ),
@@ -57,6 +73,8 @@ def salt_functions(marks):
         "lvm.lvdisplay": MagicMock(return_value={}),
         "cmd.run_all": MagicMock(return_value={"retcode": 0, "stdout": "", "stderr": ""}),
     }
+    functions["hana_storage_host.unit_enabled"] = host_function("unit_enabled", functions)
+    return functions
 
 
 @pytest.fixture
@@ -1148,6 +1166,15 @@ def test_same_device_matches_a_table_major_minor_to_the_device_node():
     assert not states._same_device("8:16", "/nonexistent/device")
 
 
+def test_same_device_matches_a_link_to_the_device_node(tmp_path):
+    """A udev link (the map's /dev/disk/by-id link) names the node it leads to."""
+    (tmp_path / "link").symlink_to("/dev/null")
+    assert states._same_device(str(tmp_path / "link"), "/dev/null")
+    assert states._same_device("/dev/null", "/dev/null")
+    assert not states._same_device(str(tmp_path / "link"), "/dev/zero")
+    assert not states._same_device(str(tmp_path / "gone"), "/dev/null")
+
+
 # ---- crypttab_present ----------------------------------------------------------------------------
 
 CRYPTTAB_OPTIONS = ["luks", "no-read-workqueue", "no-write-workqueue"]
@@ -1183,7 +1210,7 @@ def test_crypttab_present_names_a_device_on_a_multipath_map_by_the_map(salt_func
     salt_functions["hana_storage_host.dm_uuid"].return_value = "mpath-3600a098038304437"
     link = "/dev/disk/by-id/dm-uuid-mpath-3600a098038304437"
     monkeypatch.setattr(
-        states, "_same_node", lambda path, other: (path, other) == (link, "/dev/mapper/mpatha")
+        states, "_same_device", lambda path, other: (path, other) == (link, "/dev/mapper/mpatha")
     )
     ret = states.crypttab_present("hana_log_0", "/dev/mapper/mpatha", KEY, CRYPTTAB_OPTIONS)
     line = f"hana_log_0 {link} {KEY} luks,no-read-workqueue,no-write-workqueue"
@@ -1195,7 +1222,7 @@ def test_crypttab_present_refuses_a_map_link_that_udev_did_not_make(salt_functio
     """A line naming a link that is not there would not open at boot: refused, nothing written."""
     fake_paths(monkeypatch, present=["/dev/mapper/mpatha"])
     salt_functions["hana_storage_host.dm_uuid"].return_value = "mpath-3600a098038304437"
-    monkeypatch.setattr(states, "_same_node", lambda path, other: False)
+    monkeypatch.setattr(states, "_same_device", lambda path, other: False)
     tabs.set(crypttab="hana_log_0 UUID=u-1 /k luks\n")
     ret = states.crypttab_present("hana_log_0", "/dev/mapper/mpatha", KEY, CRYPTTAB_OPTIONS)
     assert ret["result"] is False and ret["changes"] == {}
