@@ -16,6 +16,10 @@ triage runner's (``hana/storage/...``) and serves, on ``http://<bind>:<port>/met
                                                 ``MAX_OPEN_FINDINGS`` open already
 ``hana_storage_last_audit_timestamp_seconds``   when the minion's last full audit ran
 ``hana_storage_events_total{event}``            events processed, per kind
+``hana_storage_boot_ready{minion}``             1 when the minion would unlock its storage at its
+                                                next boot, 0 when not or not known (the runner's
+                                                ``readiness``, and each evidence report)
+``hana_storage_boot_readiness_timestamp_seconds`` when that was checked (minion)
 ``hana_storage_triage_actions_total{...}``      actions triage completed (action, rule), read
                                                 from triage's store when scraped: with hot
                                                 masters sharing a store, every master serves
@@ -79,7 +83,17 @@ BEACON_PREFIX = "salt/beacon/"
 RUNNER_PREFIX = "hana/storage/"
 SEEN_OUTCOMES = 100_000  # event_ids remembered: far more than a lease's worth of outcomes
 UNKNOWN = "unknown"  # the label of a rule (and its severity) the master's table does not have
-EVENTS = ("violation", "resolved", "audit", "error", "alert", "remediation", "rejected", "triaged")
+EVENTS = (
+    "violation",
+    "resolved",
+    "audit",
+    "error",
+    "alert",
+    "remediation",
+    "rejected",
+    "triaged",
+    "readiness",
+)
 RESULTS = ("fixed", "absent", "not-fixed", "failed")  # a remediation's results
 MAX_VOLUMES = 32  # volumes exported per minion: a HANA host has a handful
 PRUNE_EVERY = 60  # seconds between two looks for minions whose key is no longer accepted
@@ -137,6 +151,18 @@ class Metrics:
         self.last_audit = gauge(
             "hana_storage_last_audit_timestamp_seconds",
             "When the last full audit ran",
+            ["minion"],
+            registry=registry,
+        )
+        self.boot_ready = gauge(
+            "hana_storage_boot_ready",
+            "1 when the minion would unlock its storage at its next boot, 0 when not or not known",
+            ["minion"],
+            registry=registry,
+        )
+        self.readiness_checked = gauge(
+            "hana_storage_boot_readiness_timestamp_seconds",
+            "When the minion's boot readiness was last checked",
             ["minion"],
             registry=registry,
         )
@@ -240,6 +266,15 @@ class Metrics:
             self.open[minion].remove(data["key"])
         self._refresh(minion)
 
+    def readiness(self, data):
+        """A ``hana/storage/readiness`` event: {"minion", "ready": True, False or None, "checked"}."""
+        minion, ready, checked = data["minion"], data["ready"], data.get("checked")
+        if not isinstance(minion, str) or not any(ready is known for known in (True, False, None)):
+            raise ValueError("a readiness event names a minion and whether it is ready")
+        self.labels(self.boot_ready, minion).set(1 if ready is True else 0)
+        if isinstance(checked, int | float) and not isinstance(checked, bool):
+            self.labels(self.readiness_checked, minion).set(float(checked))
+
     def _held_back(self, minion, dropped):
         """Count ``dropped`` open findings of ``minion`` not kept, and log it at most once per
         REPORT_INTERVAL with the number held back since the last line."""
@@ -333,6 +368,8 @@ def handle(metrics, tag, data, verify=None, verify_master=None):
             metrics.labels(metrics.remediations, data["minion"], metrics.rule(data["rule"])[0], result).inc()
         elif event == "alert":
             metrics.labels(metrics.alerts, data["minion"], metrics.rule(data["rule"])[0]).inc()
+        elif event == "readiness":
+            metrics.readiness(data)
         metrics.events.labels(_event_label(event)).inc()
 
 

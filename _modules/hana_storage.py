@@ -318,7 +318,7 @@ LAST_FULL_AUDIT = "hana_storage.last_full_audit"
 FRESH_AUDIT_SECONDS = 60
 
 
-def evidence(pillar=None):
+def evidence(pillar=None, readiness=False):
     """
     This host's part of the fleet's evidence report (``salt-run hana_storage.report
     format=html``): a full audit, each finding with the facts it was judged on (the device's
@@ -326,16 +326,23 @@ def evidence(pillar=None):
     source, key file mode and last change, the Tang servers and the thumbprints each device's
     Clevis binding names, header backups and their dates. Read-only.
 
+    readiness
+        ``True``: add whether the host would unlock at its next boot (``boot_readiness``, checked
+        now: it asks the Tang servers, and takes up to two minutes when they do not answer).
+
     CLI Example:
 
     .. code-block:: bash
 
         salt '*' hana_storage.evidence
+        salt '*' hana_storage.evidence readiness=True
     """
     plan = _plan(pillar)
     facts = _host("facts")(plan)
     report = core.rules.audit(plan, facts)
-    return core.evidence.host_evidence(plan, facts, report, __opts__.get("id", ""), time.time())
+    now = time.time()
+    ready = dict(_readiness(), checked=int(now)) if readiness is True else None
+    return core.evidence.host_evidence(plan, facts, report, __opts__.get("id", ""), now, ready)
 
 
 def scap_record():
@@ -407,15 +414,17 @@ def boot_readiness():
 
         salt '*' hana_storage.boot_readiness
     """
-    seen = _host("boot_path")()
-    result = (
-        {"ready": False, "error": seen["error"]}
-        if "error" in seen
-        else core.readiness.verdict(seen["lines"], seen["facts"])
-    )
+    result = _readiness()
     if not result["ready"]:
         __context__["retcode"] = 1
     return result
+
+
+def _readiness():
+    seen = _host("boot_path")()
+    if "error" in seen:
+        return {"ready": False, "error": seen["error"]}
+    return core.readiness.verdict(seen["lines"], seen["facts"])
 
 
 def scap_datastream():

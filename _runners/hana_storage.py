@@ -79,6 +79,9 @@ DEFAULTS = {
     "max_event_age": 600,
     "require_signature": True,
     "report_timeout": 120,
+    # a minion's boot readiness check waits up to core CLEVIS_BUDGET (120 s) for Tang servers
+    # that do not answer
+    "readiness_timeout": 180,
     "lease": 60,
     "store": {"driver": "local"},
     # what one minion may cost triage (README, "Events"); each a positive number
@@ -93,6 +96,7 @@ ALERT_TAG = "hana/storage/alert"
 REMEDIATION_TAG = "hana/storage/remediation"
 REJECTED_TAG = "hana/storage/rejected"
 TRIAGED_TAG = "hana/storage/triaged"
+READINESS_TAG = "hana/storage/readiness"
 FACTS = ("rule", "volume", "mountpoint", "device", "message")  # what alerts and remediations name
 FIRE_ATTEMPTS = 5
 # What triage reports of a remediation, per rule: "fixed" (verified by the minion's re-audit) and
@@ -811,20 +815,31 @@ def report(tgt="*", tgt_type="glob", timeout=None, format="text", out=None):  # 
         raise CommandExecutionError(f"format must be one of {', '.join(REPORT_FORMATS)}, not {format!r}")
     config = _config()
     client = salt.client.get_local_client(__opts__["conf_file"])
-    returns = client.cmd(
-        tgt,
-        "hana_storage.audit" if format == "text" else "hana_storage.evidence",
-        tgt_type=tgt_type,
-        timeout=timeout or config["report_timeout"],
-        full_return=True,
-    )
     if format == "text":
+        returns = client.cmd(
+            tgt,
+            "hana_storage.audit",
+            tgt_type=tgt_type,
+            timeout=timeout or config["report_timeout"],
+            full_return=True,
+        )
         fleet = core.report.fleet(returns)
         if __opts__.get("output"):
             return fleet
         return core.report.table(fleet["rows"])
+    returns = client.cmd(
+        tgt,
+        "hana_storage.evidence",
+        kwarg={"readiness": True},
+        tgt_type=tgt_type,
+        timeout=timeout or config["report_timeout"] + config["readiness_timeout"],
+        full_return=True,
+    )
     now = time.time()
     doc = core.evidence.document(returns, __opts__.get("id", "master"), core.VERSION, now)
+    _announce_readiness(
+        {minion: host["readiness"] for minion, host in doc["hosts"].items() if "readiness" in host}
+    )
     try:
         store = _store()
         store.add_snapshot(doc["summary"])
@@ -846,6 +861,49 @@ def report(tgt="*", tgt_type="glob", timeout=None, format="text", out=None):  # 
     except FileExistsError:
         raise CommandExecutionError(f"{out} exists: a report is written to a new file only") from None
     return {"written": out, "format": format, "summary": doc["summary"]}
+
+
+def readiness(tgt="*", tgt_type="glob", timeout=None):
+    """
+    Will the targeted minions unlock their storage at their next boot, without Salt? Runs
+    ``hana_storage.boot_readiness`` on each now (it asks the Tang servers, as the boot will) and
+    fires ``hana/storage/readiness``, signed by the master, for each minion that answered: the
+    exporter's ``hana_storage_boot_ready{minion}``. Run it before a patch day; the shipped
+    conf/master.d/hana-storage.conf runs it every six hours. A minion that does not answer keeps
+    its last value, with the time it was checked (``hana_storage_boot_readiness_timestamp_seconds``).
+
+    Returns ``{minion: {"ready": True, False, or None when its answer was no verdict, "not_ready":
+    ["<crypttab line>: <problem code>", ...], "error": when it could not be checked}}``; the
+    lines' causes and fixes: ``salt <minion> hana_storage.boot_readiness``.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt-run hana_storage.readiness
+        salt-run hana_storage.readiness tgt='hana-*'
+    """
+    config = _config()
+    client = salt.client.get_local_client(__opts__["conf_file"])
+    returns = client.cmd(
+        tgt,
+        "hana_storage.boot_readiness",
+        tgt_type=tgt_type,
+        timeout=timeout or config["readiness_timeout"],
+        full_return=True,
+    )
+    parts = core.evidence.readiness_parts(returns, time.time())
+    _announce_readiness(parts)
+    return {minion: core.readiness.summary(part) for minion, part in parts.items()}
+
+
+def _announce_readiness(parts):
+    """One ``hana/storage/readiness`` event per minion of ``parts`` ({minion: a readiness verdict
+    as core.evidence.readiness_parts makes it}): what the exporter reads."""
+    for minion, part in sorted(parts.items()):
+        _fire(
+            READINESS_TAG, {"minion": minion, **core.readiness.summary(part), "checked": part.get("checked")}
+        )
 
 
 def snapshot(tgt="*", tgt_type="glob", timeout=None):

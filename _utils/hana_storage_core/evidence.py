@@ -4,7 +4,9 @@ did, as one JSON document (its schema: SCHEMA) and as one self-contained HTML pa
 ``host_evidence`` is a minion's part (hana_storage.evidence): its audit, each finding with the
 facts it was judged on (the device's dm table, its LUKS header's summary - parsed, so never key
 material), and the state of each volume's keys (source, key file mode and age, Tang servers and
-the thumbprints each device's Clevis binding names, header backups and their dates).
+the thumbprints each device's Clevis binding names, header backups and their dates) and, when
+asked, whether it would unlock its storage at its next boot (core.readiness: checked live, with
+the time of the check).
 ``document`` is the master's (salt-run hana_storage.report format=json|html): every host's part,
 the fleet summary, the rule table with the controls of each rule, the compliance history and the
 actions the triage store recorded. ``html`` renders a document: inline CSS and SVG, no script,
@@ -17,20 +19,23 @@ import json
 
 from . import controls as control_table
 from . import events
+from . import readiness as readiness_table
 from . import rules as rule_table
 
 SCHEMA_ID = "urn:hana-storage-formula:evidence:1"
 MAX_ACTIONS_SHOWN = 500  # the newest actions in the HTML; the JSON has every one the store keeps
 MAX_VOLUMES = 64  # a host's volumes (the pillar's volumes have the same bound)
 MAX_FINDINGS = 4096
+MAX_CRYPTTAB_LINES = 512  # a host's /etc/crypttab lines judged for boot readiness
 
 
 # ---- a host's part --------------------------------------------------------------------------------
 
 
-def host_evidence(plan, facts, report, host, audited):
+def host_evidence(plan, facts, report, host, audited, readiness=None):
     """A minion's evidence: ``report`` (core.rules.audit of ``plan`` over ``facts``) with each
-    finding's facts, and the keys' state."""
+    finding's facts, the keys' state and, when given, ``readiness`` (core.readiness.verdict, or
+    {"ready": False, "error"}, with "checked": when)."""
     devices = facts.get("devices", {})
     by_path = {d["path"]: name for name, d in devices.items()}
     by_path.update({f"/dev/{name}": name for name in devices})
@@ -43,7 +48,7 @@ def host_evidence(plan, facts, report, host, audited):
             "luks_header": _header_summary(_header_at(facts, devices, name)),
         }
         findings.append(found)
-    return {
+    part = {
         "host": host,
         "audited": int(audited),
         "compliant": report["compliant"],
@@ -60,6 +65,9 @@ def host_evidence(plan, facts, report, host, audited):
             name: _key_state(volume, facts, devices) for name, volume in sorted(plan["volumes"].items())
         },
     }
+    if readiness is not None:
+        part["readiness"] = readiness
+    return part
 
 
 def _header_at(facts, devices, name):
@@ -219,7 +227,7 @@ def host_parts(returns, kind):
     ``kind`` ("host": hana_storage.evidence, "verdict": hana_storage.audit). A minion's return is
     whatever that minion sends: one that does not match (an older or newer formula, a bug, a
     compromised host) becomes that host's error - "not audited" - and never the fleet's report."""
-    validator = _validator(kind)
+    problem_of = _problem_finder(kind)
     hosts = {}
     for minion in sorted(returns):
         ret = returns[minion]
@@ -228,27 +236,60 @@ def host_parts(returns, kind):
             error = part if isinstance(part, str) else "no evidence returned"
             hosts[minion] = {"host": minion, "error": (error.strip().splitlines() or [""])[-1][:300]}
             continue
-        try:  # as strict JSON: string keys only, no NaN, nothing nested past Python's limit
-            part = json.loads(json.dumps(dict(part, host=minion), allow_nan=False))  # the id we know
-        except (TypeError, ValueError, RecursionError) as error:
-            hosts[minion] = {"host": minion, "error": f"its return is no JSON document: {error}"[:300]}
-            continue
-        problem = next(iter(sorted(validator.iter_errors(part), key=lambda e: list(e.absolute_path))), None)
-        if problem is None:
-            hosts[minion] = part
-        else:
-            where = "/".join(str(p) for p in problem.absolute_path) or "the return"
-            hosts[minion] = {
-                "host": minion,
-                "error": f"its return does not match the evidence schema at {where}: {problem.message}"[:300],
-            }
+        part, error = _checked(dict(part, host=minion), problem_of)  # the id we know
+        if error is None and "readiness" in part:
+            part["readiness"] = _believed(part["readiness"])
+        hosts[minion] = part if error is None else {"host": minion, "error": error}
     return hosts
 
 
-def _validator(kind):
+def readiness_parts(returns, checked):
+    """{minion: its hana_storage.boot_readiness verdict with "checked": ``checked``, or {"ready":
+    None, "error"} when it gave none or one that does not match the schema's "readiness"}: from
+    ``returns`` (LocalClient full returns). Its retcode says only whether it is ready."""
+    problem_of = _problem_finder("readiness")
+    parts = {}
+    for minion in sorted(returns):
+        ret = returns[minion]
+        part = ret.get("ret") if isinstance(ret, dict) else None
+        if not isinstance(part, dict):
+            error = part if isinstance(part, str) and part.strip() else "no answer"
+            parts[minion] = {"ready": None, "error": error.strip().splitlines()[-1][:300]}
+            continue
+        part, error = _checked(dict(part, checked=int(checked)), problem_of)
+        parts[minion] = _believed(part) if error is None else {"ready": None, "error": error}
+    return parts
+
+
+def _believed(readiness):
+    """A minion's readiness verdict, ready only when its lines say so too: a host that answers
+    "ready" beside a line that is not, or an error, is not ready."""
+    lines = readiness.get("lines") or []
+    ready = readiness["ready"] and "error" not in readiness and all(line["ready"] for line in lines)
+    return dict(readiness, ready=ready)
+
+
+def _checked(part, problem_of):
+    """(``part`` as strict JSON - string keys only, no NaN, nothing nested past Python's limit -,
+    None) when ``problem_of`` it finds none, else (None, why not)."""
+    try:
+        part = json.loads(json.dumps(part, allow_nan=False))
+    except (TypeError, ValueError, RecursionError) as error:
+        return None, f"its return is no JSON document: {error}"[:300]
+    problem = problem_of(part)
+    if problem is None:
+        return part, None
+    where = "/".join(str(p) for p in problem.absolute_path) or "the return"
+    return None, f"its return does not match the evidence schema at {where}: {problem.message}"[:300]
+
+
+def _problem_finder(kind):
+    """A function of a part: the schema's ``kind``'s error that says most about it (inside a oneOf
+    too, where the part's error is), or None."""
     import jsonschema  # imported here so that the module loads without it (the minion's part)
 
-    return jsonschema.Draft202012Validator({"$defs": SCHEMA["$defs"], "$ref": f"#/$defs/{kind}"})
+    validator = jsonschema.Draft202012Validator({"$defs": SCHEMA["$defs"], "$ref": f"#/$defs/{kind}"})
+    return lambda part: jsonschema.exceptions.best_match(validator.iter_errors(part))
 
 
 def snapshot(hosts, when):
@@ -406,6 +447,50 @@ SCHEMA = {
                     "maxProperties": MAX_VOLUMES,
                     "propertyNames": _VOLUME_NAME,
                     "additionalProperties": {"$ref": "#/$defs/keys"},
+                },
+                "readiness": {"$ref": "#/$defs/readiness"},
+            },
+        },
+        "readiness": {
+            "description": "whether the host would unlock its storage at its next boot, checked live when "
+            "the report was made (hana_storage.boot_readiness): a verdict per /etc/crypttab line",
+            "type": "object",
+            "required": ["ready", "checked"],
+            "additionalProperties": False,
+            "anyOf": [{"required": ["lines"]}, {"required": ["error"]}],
+            "properties": {
+                "ready": {"type": "boolean"},
+                "checked": _EPOCH,
+                "error": _TEXT,
+                "lines": {
+                    "type": "array",
+                    "maxItems": MAX_CRYPTTAB_LINES,
+                    "items": {
+                        "type": "object",
+                        "required": ["name", "device", "at_boot", "blocks_boot", "ready", "problems"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "name": _NAME,
+                            "device": _OPTIONAL_NAME,
+                            "at_boot": {"type": "boolean"},
+                            "blocks_boot": {"type": "boolean"},
+                            "ready": {"type": "boolean"},
+                            "problems": {
+                                "type": "array",
+                                "maxItems": 16,
+                                "items": {
+                                    "type": "object",
+                                    "required": ["code", "cause", "fix"],
+                                    "additionalProperties": False,
+                                    "properties": {
+                                        "code": {"enum": sorted(readiness_table.PROBLEMS)},
+                                        "cause": _TEXT,
+                                        "fix": _TEXT,
+                                    },
+                                },
+                            },
+                        },
+                    },
                 },
             },
         },
@@ -669,6 +754,7 @@ def html(doc):
         _card("Hosts not audited", summary["errors"], "warn" if summary["errors"] else "ok"),
         _card("Compliant volumes", f"{summary['compliant_volumes']} of {summary['volumes']}"),
         _card("Compliance per host, mean", _percent(share), "ok" if share == 1 else "bad"),
+        _readiness_card(hosts),
         "</div></section>",
         '<section id="charts"><h2>Compliance over time and findings by rule</h2><div class="charts">',
         _history_chart(doc["history"]),
@@ -677,6 +763,7 @@ def html(doc):
         _matrix(hosts, doc["rules"]),
         _findings(hosts, doc["rules"]),
         _keys(hosts),
+        _readiness(hosts),
         _actions(doc["actions"]),
         _rules(doc["rules"], doc.get("controls", {})),
         _signoff(),
@@ -879,6 +966,62 @@ def _keys(hosts):
         "report.</p><table><thead><tr><th>host</th><th>volume</th><th>key source</th><th>key file, mode, changed</th>"
         "<th>Tang servers (pillar)</th><th>device, LUKS UUID</th><th>Clevis bindings</th>"
         f"<th>header backup</th></tr></thead><tbody>{''.join(rows)}</tbody></table></section>"
+    )
+
+
+def _readiness_card(hosts):
+    checked = [h["readiness"] for h in hosts.values() if "readiness" in h]
+    if not checked:
+        return ""
+    ready = sum(1 for r in checked if r["ready"])
+    return _card(
+        "Ready for their next boot", f"{ready} of {len(checked)}", "ok" if ready == len(checked) else "bad"
+    )
+
+
+def _readiness(hosts):
+    rows = []
+    for name, host in hosts.items():
+        readiness = host.get("readiness")
+        if readiness is None:
+            state = "not audited" if "error" in host else "not checked"
+            rows.append(
+                f'<tr data-host="{_e(name)}"><td>{_e(name)}</td><td>-</td><td>{state}</td><td colspan=4></td></tr>'
+            )
+            continue
+        checked = _e(_date(readiness.get("checked")))
+        if readiness["ready"]:
+            lines = len(readiness.get("lines") or [])
+            rows.append(
+                f'<tr data-host="{_e(name)}"><td>{_e(name)}</td><td>{checked}</td><td class="pass">ready</td>'
+                f"<td colspan=4>every one of {lines} crypttab line(s) opens as the boot will open it</td></tr>"
+            )
+            continue
+        problems = [
+            (line, found)
+            for line in readiness.get("lines") or []
+            if not line["ready"]
+            for found in line["problems"]
+        ]
+        if "error" in readiness or not problems:
+            rows.append(
+                f'<tr data-host="{_e(name)}"><td>{_e(name)}</td><td>{checked}</td><td class="fail">not ready</td>'
+                f"<td colspan=4>{_e(readiness.get('error') or 'a line is not ready, for no cause it names')}</td></tr>"
+            )
+        for line, found in problems:
+            stops = "stops the boot" if line["blocks_boot"] else "stays locked (nofail)"
+            rows.append(
+                f'<tr data-host="{_e(name)}"><td>{_e(name)}</td><td>{checked}</td><td class="fail">not ready</td>'
+                f"<td><code>{_e(line['name'])}</code> {_e(line.get('device'))}<br>{stops}</td>"
+                f"<td><code>{_e(found['code'])}</code></td><td>{_e(found['cause'])}</td><td>{_e(found['fix'])}</td></tr>"
+            )
+    return (
+        '<section id="readiness"><h2>Ready for the next boot</h2><p>Whether each host would unlock its '
+        "storage at its next boot without Salt, checked when this report was made: each /etc/crypttab line "
+        "systemd opens, its device, its key file opening the header (tried on a copy), or its Clevis binding "
+        "unlocking now (which asks the Tang servers, as the boot will). Each line that would not open, why, "
+        "and the fix.</p><table><thead><tr><th>host</th><th>checked</th><th>verdict</th><th>crypttab line</th>"
+        f"<th>problem</th><th>cause</th><th>fix</th></tr></thead><tbody>{''.join(rows)}</tbody></table></section>"
     )
 
 

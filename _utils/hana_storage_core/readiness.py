@@ -171,3 +171,21 @@ def verdict(lines, facts):
     """{"ready", "lines"}: ``lines`` (core.tab.parse_crypttab) judged with ``facts`` [one per line]."""
     judged = [line_verdict(line, fact) for line, fact in zip(lines, facts, strict=True)]
     return {"ready": all(j["ready"] for j in judged), "lines": judged}
+
+
+MAX_SUMMARY_PROBLEMS = 64  # "<line>: <code>" entries a summary names (a host has a handful of lines)
+
+
+def summary(result):
+    """What a fleet view shows of a host's verdict (``verdict``'s, or {"ready": None, "error"}):
+    {"ready", "not_ready": ["<crypttab line>: <problem code>", ...]} and "error" when it has one."""
+    not_ready = [
+        f"{line['name']}: {found['code']}"
+        for line in result.get("lines") or []
+        if not line["ready"]
+        for found in line["problems"]
+    ]
+    short = {"ready": result["ready"], "not_ready": not_ready[:MAX_SUMMARY_PROBLEMS]}
+    if result.get("error"):
+        short["error"] = result["error"]
+    return short

@@ -89,6 +89,9 @@ def test_the_runner_writes_an_evidence_report_chromium_renders(master, minion, s
     jsonschema.validate(doc, evidence.SCHEMA)
     assert minion.id in doc["hosts"] and len(doc["history"]) >= 3  # the snapshot, and each report's
     assert {f["rule"] for f in doc["hosts"][minion.id]["findings"]} >= {"HANA-MOUNT-001"}
+    readiness = doc["hosts"][minion.id]["readiness"]  # this machine's own /etc/crypttab, judged
+    assert readiness["ready"] in (True, False) and abs(readiness["checked"] - time.time()) < 600
+    assert 'id="readiness"' in page.read_text()
     assert oct(page.stat().st_mode & 0o777) == "0o640"
 
     shot = REPO / "build" / "evidence-report.png"

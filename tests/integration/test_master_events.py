@@ -233,6 +233,58 @@ def test_a_real_minion_cannot_forge_alerts_or_remediations(events_master, events
     assert rejected.data["code"] == "forged_master_event", rejected
 
 
+# ---- issue 33: the fleet's boot readiness ------------------------------------------------------------
+
+
+def test_the_fleets_boot_readiness_reaches_the_exporter_and_a_minion_cannot_forge_it(
+    events_master, events_minion, event_listener
+):
+    """salt-run hana_storage.readiness asks the real minion (its verdict on this machine's own
+    /etc/crypttab) and fires it signed: the exporter's gauge follows. The same tag sent by the
+    minion, for itself or another host, is counted as forged and moves no gauge."""
+    minion, started = events_minion.id, time.time()
+    ready = events_master.factory.salt_run_cli(timeout=300).run("hana_storage.readiness")
+    assert ready.returncode == 0 and ready.data[minion]["ready"] in (True, False), ready
+    expected = 1 if ready.data[minion]["ready"] else 0
+    (fired,) = wait_until(
+        lambda: [
+            e.data
+            for e in events_master.events(event_listener, "hana/storage/readiness", started)
+            if e.data.get("minion") == minion
+        ],
+        what="the master's hana/storage/readiness",
+    )
+    assert fired["sig"] and fired["ready"] is ready.data[minion]["ready"]
+    checked = ("hana_storage_boot_readiness_timestamp_seconds", frozenset({"minion": minion}.items()))
+    wait_until(lambda: events_master.metrics().get(checked), what="the exporter's readiness of the minion")
+    assert abs(events_master.metrics()[checked] - started) < 300
+    assert events_master.metric("hana_storage_boot_ready", minion=minion) == expected
+
+    forged_before = events_master.metric("hana_storage_rejected_events_total", reason="forged_master_event")
+    cli = events_master.factory.salt_cli(timeout=120)
+    for target in (minion, VICTIM):
+        lie = {
+            "minion": target,
+            "ready": not expected,
+            "not_ready": [],
+            "checked": time.time(),
+            "ts": time.time(),
+        }
+        sent = cli.run(
+            "event.send", "hana/storage/readiness", f"preload={json.dumps(lie)}", minion_tgt=minion
+        )
+        assert sent.returncode == 0 and sent.data is True, sent
+    wait_until(
+        lambda: (
+            events_master.metric("hana_storage_rejected_events_total", reason="forged_master_event")
+            == forged_before + 2
+        ),
+        what="both forged readiness events rejected",
+    )
+    assert events_master.metric("hana_storage_boot_ready", minion=minion) == expected
+    assert ("hana_storage_boot_ready", frozenset({"minion": VICTIM}.items())) not in events_master.metrics()
+
+
 # ---- issue 29, item 5: a minion id that is a target list -------------------------------------------
 
 

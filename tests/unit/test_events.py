@@ -24,6 +24,8 @@ from tests import beacon_events
 from tests.conftest import REPO
 from tests.support.keys import keypair
 from tests.unit.conftest import full_audits_in_the_tick
+from tests.unit.test_evidence import report_runner
+from tests.unit.test_readiness_fleet import verdict as readiness_verdict
 
 
 def load(path, name):
@@ -1711,3 +1713,56 @@ def test_the_exporter_serves_the_rule_table_with_each_rules_controls(exporter):
         f'hana_storage_rule_info{{controls="{",".join(enc.controls)}",remediation="manual",'
         'rule="HANA-ENC-001",severity="critical"} 1.0' in text
     )
+
+
+# ---- boot readiness, from the runner to the exporter (issue 33) -------------------------------------
+
+
+def test_the_runner_fires_a_signed_readiness_per_minion_that_the_exporter_counts(
+    firing, pki, exporter, tmp_path, monkeypatch
+):
+    returns = {
+        "db1": {"ret": readiness_verdict(), "retcode": 0},
+        "db2": {"ret": readiness_verdict(key_exists=False), "retcode": 1},
+        "db3": {"ret": "Minion did not return. [Not connected]", "retcode": 1},
+    }
+    sent = report_runner(tmp_path, monkeypatch, returns, "readiness_runner")
+    sent.__opts__ = {**firing.__opts__, "conf_file": "/dev/null"}
+    sent._fire = firing._fire
+    result = sent.readiness()
+    assert result["db1"] == {"ready": True, "not_ready": []}
+    assert result["db2"] == {"ready": False, "not_ready": ["hana_data: key_file_missing"]}
+    assert result["db3"]["ready"] is None and "Not connected" in result["db3"]["error"]
+
+    module, metrics, registry = exporter
+    assert [tag for tag, _ in firing.sent] == ["hana/storage/readiness"] * 3
+    for tag, data in firing.sent:
+        assert firing.verify_master(tag, data) is None
+        module.handle(metrics, tag, data, verify_master=firing.verify_master)
+    forged = {"minion": "db2", "ready": True, "not_ready": [], "checked": time.time(), "ts": time.time()}
+    for data in (
+        forged,
+        {**forged, "sig": "AAAA"},
+        beacon_events.sign_as_master(pki / "db2.pem", "x", forged),
+    ):
+        module.handle(metrics, "hana/storage/readiness", data, verify_master=firing.verify_master)
+
+    def sample(name, **labels):
+        return registry.get_sample_value(name, labels)
+
+    assert sample("hana_storage_boot_ready", minion="db1") == 1
+    assert sample("hana_storage_boot_ready", minion="db2") == 0  # the forged "ready" counted nowhere
+    assert sample("hana_storage_boot_ready", minion="db3") == 0  # not known is not ready
+    checked = sample("hana_storage_boot_readiness_timestamp_seconds", minion="db2")
+    assert checked == int(firing.sent[1][1]["checked"]) and abs(checked - time.time()) < 60
+    assert sample("hana_storage_rejected_events_total", reason="forged_master_event") == 3
+
+
+@pytest.mark.parametrize(
+    "data", [{"minion": "db1", "ready": 1}, {"minion": ["db1"], "ready": True}, {"ready": True}]
+)
+def test_the_exporter_takes_no_malformed_readiness(exporter, data):
+    module, metrics, registry = exporter
+    with pytest.raises((KeyError, TypeError, ValueError)):
+        module.handle(metrics, "hana/storage/readiness", data)
+    assert "hana_storage_boot_ready{" not in generate_latest(registry).decode()
