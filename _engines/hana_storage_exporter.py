@@ -17,7 +17,7 @@ triage runner's (``hana/storage/...``) and serves, on ``http://<bind>:<port>/met
 ``hana_storage_last_audit_timestamp_seconds``   when the minion's last full audit ran
 ``hana_storage_events_total{event}``            events processed, per kind
 ``hana_storage_boot_ready{minion}``             1 when the minion would unlock its storage at its
-                                                next boot, 0 when not or not known (the runner's
+                                                next boot, 0 when not (the runner's
                                                 ``readiness``, and each evidence report)
 ``hana_storage_boot_readiness_timestamp_seconds`` when that was checked (minion)
 ``hana_storage_triage_actions_total{...}``      actions triage completed (action, rule), read
@@ -156,7 +156,7 @@ class Metrics:
         )
         self.boot_ready = gauge(
             "hana_storage_boot_ready",
-            "1 when the minion would unlock its storage at its next boot, 0 when not or not known",
+            "1 when the minion would unlock its storage at its next boot, 0 when not",
             ["minion"],
             registry=registry,
         )
@@ -187,6 +187,7 @@ class Metrics:
         self.volumes = {}  # minion -> volumes exported (at most MAX_VOLUMES)
         self.series = {}  # minion -> (rule, severity) label pairs exported
         self.outcomes = collections.OrderedDict()  # the event_ids of the last SEEN_OUTCOMES outcomes
+        self.checked = {}  # minion -> when its boot readiness counted now was checked
 
     def labels(self, metric, minion, *values):
         """``metric``'s child for ``minion`` and ``values``, remembered so ``forget`` can drop it."""
@@ -212,7 +213,7 @@ class Metrics:
         for minion in set(self.labelled) | set(self.open) | set(self.volumes):
             if not self.accepted(minion):
                 self.forget(minion)
-                for state in (self.labelled, self.open, self.volumes, self.series):
+                for state in (self.labelled, self.open, self.volumes, self.series, self.checked):
                     state.pop(minion, None)
 
     def exported_volumes(self, minion, volumes):
@@ -267,13 +268,24 @@ class Metrics:
         self._refresh(minion)
 
     def readiness(self, data):
-        """A ``hana/storage/readiness`` event: {"minion", "ready": True, False or None, "checked"}."""
-        minion, ready, checked = data["minion"], data["ready"], data.get("checked")
-        if not isinstance(minion, str) or not any(ready is known for known in (True, False, None)):
-            raise ValueError("a readiness event names a minion and whether it is ready")
-        self.labels(self.boot_ready, minion).set(1 if ready is True else 0)
-        if isinstance(checked, int | float) and not isinstance(checked, bool):
-            self.labels(self.readiness_checked, minion).set(float(checked))
+        """A ``hana/storage/readiness`` event: {"minion", "ready": True or False, "checked": when,
+        by the master's clock}. One checked before the last one counted (a report and the
+        schedule overlapping, a replay within max_event_age) changes nothing."""
+        minion, ready, checked = data["minion"], data["ready"], data["checked"]
+        if (
+            not isinstance(minion, str)
+            or not (ready is True or ready is False)
+            or isinstance(checked, bool)
+            or not isinstance(checked, int | float)
+        ):
+            raise ValueError(
+                "a readiness event names a minion, whether it is ready and when that was checked"
+            )
+        if checked < self.checked.get(minion, float("-inf")):
+            return
+        self.checked[minion] = checked
+        self.labels(self.boot_ready, minion).set(1 if ready else 0)
+        self.labels(self.readiness_checked, minion).set(float(checked))
 
     def _held_back(self, minion, dropped):
         """Count ``dropped`` open findings of ``minion`` not kept, and log it at most once per

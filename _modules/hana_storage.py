@@ -318,7 +318,7 @@ LAST_FULL_AUDIT = "hana_storage.last_full_audit"
 FRESH_AUDIT_SECONDS = 60
 
 
-def evidence(pillar=None, readiness=False):
+def evidence(pillar=None):
     """
     This host's part of the fleet's evidence report (``salt-run hana_storage.report
     format=html``): a full audit, each finding with the facts it was judged on (the device's
@@ -326,23 +326,16 @@ def evidence(pillar=None, readiness=False):
     source, key file mode and last change, the Tang servers and the thumbprints each device's
     Clevis binding names, header backups and their dates. Read-only.
 
-    readiness
-        ``True``: add whether the host would unlock at its next boot (``boot_readiness``, checked
-        now: it asks the Tang servers, and takes up to two minutes when they do not answer).
-
     CLI Example:
 
     .. code-block:: bash
 
         salt '*' hana_storage.evidence
-        salt '*' hana_storage.evidence readiness=True
     """
     plan = _plan(pillar)
     facts = _host("facts")(plan)
     report = core.rules.audit(plan, facts)
-    now = time.time()
-    ready = dict(_readiness(), checked=int(now)) if readiness is True else None
-    return core.evidence.host_evidence(plan, facts, report, __opts__.get("id", ""), now, ready)
+    return core.evidence.host_evidence(plan, facts, report, __opts__.get("id", ""), time.time())
 
 
 def scap_record():
@@ -402,7 +395,9 @@ def boot_readiness():
     now: the device there, the key file there and opening the header (on a copy), or for a Clevis
     line the password agent and remote-cryptsetup.target enabled, ``_netdev`` on the line, and
     Clevis unlocking a keyslot now - which asks the Tang servers (or the TPM), unlike the audit.
-    Run it before a reboot or a patch day; it changes nothing.
+    With a valid ``hana:storage`` pillar, a crypt device the boot should open (a key file or
+    Tang volume) that no line names is not ready either (``not_in_crypttab``). Run it before a
+    reboot or a patch day; it changes nothing.
 
     Returns ``{"ready": bool, "lines": [{"name", "device", "at_boot", "ready", "problems":
     [{"code", "cause", "fix"}]}]}`` (codes: ``core.readiness.PROBLEMS``), or ``{"ready": False,
@@ -414,17 +409,23 @@ def boot_readiness():
 
         salt '*' hana_storage.boot_readiness
     """
-    result = _readiness()
+    seen = _host("boot_path")()
+    if "error" in seen:
+        result = {"ready": False, "error": seen["error"]}
+    else:
+        result = core.readiness.verdict(seen["lines"], seen["facts"], _plan_if_valid())
     if not result["ready"]:
         __context__["retcode"] = 1
     return result
 
 
-def _readiness():
-    seen = _host("boot_path")()
-    if "error" in seen:
-        return {"ready": False, "error": seen["error"]}
-    return core.readiness.verdict(seen["lines"], seen["facts"])
+def _plan_if_valid():
+    """The plan, or None on a host without a valid ``hana:storage`` pillar (what the formula
+    would open is then unknown; the pillar's validation says why)."""
+    try:
+        return _plan()
+    except CommandExecutionError:
+        return None
 
 
 def scap_datastream():

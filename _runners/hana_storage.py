@@ -91,7 +91,15 @@ DEFAULTS = {
     "event_rate": 5,  # ... and per second after that; beyond it: dropped unverified (rate_limited)
     "report_interval": 60,  # seconds: at most one log line and hana/storage/rejected per minion
 }
-LIMITS = ("max_event_bytes", "max_audit_findings", "event_burst", "event_rate", "report_interval")
+LIMITS = (
+    "max_event_bytes",
+    "max_audit_findings",
+    "event_burst",
+    "event_rate",
+    "report_interval",
+    "report_timeout",
+    "readiness_timeout",
+)
 ALERT_TAG = "hana/storage/alert"
 REMEDIATION_TAG = "hana/storage/remediation"
 REJECTED_TAG = "hana/storage/rejected"
@@ -830,16 +838,14 @@ def report(tgt="*", tgt_type="glob", timeout=None, format="text", out=None):  # 
     returns = client.cmd(
         tgt,
         "hana_storage.evidence",
-        kwarg={"readiness": True},
         tgt_type=tgt_type,
-        timeout=timeout or config["report_timeout"] + config["readiness_timeout"],
+        timeout=timeout or config["report_timeout"],
         full_return=True,
     )
+    # a job of its own: a minion whose formula is older still gives its evidence
+    ready = _readiness_of(client, tgt, tgt_type, timeout or config["readiness_timeout"])
     now = time.time()
-    doc = core.evidence.document(returns, __opts__.get("id", "master"), core.VERSION, now)
-    _announce_readiness(
-        {minion: host["readiness"] for minion, host in doc["hosts"].items() if "readiness" in host}
-    )
+    doc = core.evidence.document(returns, __opts__.get("id", "master"), core.VERSION, now, readiness=ready)
     try:
         store = _store()
         store.add_snapshot(doc["summary"])
@@ -883,27 +889,26 @@ def readiness(tgt="*", tgt_type="glob", timeout=None):
         salt-run hana_storage.readiness
         salt-run hana_storage.readiness tgt='hana-*'
     """
-    config = _config()
     client = salt.client.get_local_client(__opts__["conf_file"])
-    returns = client.cmd(
-        tgt,
-        "hana_storage.boot_readiness",
-        tgt_type=tgt_type,
-        timeout=timeout or config["readiness_timeout"],
-        full_return=True,
-    )
-    parts = core.evidence.readiness_parts(returns, time.time())
-    _announce_readiness(parts)
+    parts = _readiness_of(client, tgt, tgt_type, timeout or _config()["readiness_timeout"])
     return {minion: core.readiness.summary(part) for minion, part in parts.items()}
 
 
-def _announce_readiness(parts):
-    """One ``hana/storage/readiness`` event per minion of ``parts`` ({minion: a readiness verdict
-    as core.evidence.readiness_parts makes it}): what the exporter reads."""
+def _readiness_of(client, tgt, tgt_type, timeout):
+    """{minion: its boot readiness (core.evidence.readiness_parts: checked now, by the master's
+    clock)} of the targeted minions that answered; each verdict announced as
+    ``hana/storage/readiness``, for the exporter. An answer that is no verdict ("ready" None) is
+    not announced: the minion's gauge keeps its value and its time, which then grows stale."""
+    returns = client.cmd(
+        tgt, "hana_storage.boot_readiness", tgt_type=tgt_type, timeout=timeout, full_return=True
+    )
+    parts = core.evidence.readiness_parts(returns, time.time())
     for minion, part in sorted(parts.items()):
-        _fire(
-            READINESS_TAG, {"minion": minion, **core.readiness.summary(part), "checked": part.get("checked")}
-        )
+        if part["ready"] is not None:
+            _fire(
+                READINESS_TAG, {"minion": minion, **core.readiness.summary(part), "checked": part["checked"]}
+            )
+    return parts
 
 
 def snapshot(tgt="*", tgt_type="glob", timeout=None):

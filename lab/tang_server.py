@@ -97,6 +97,12 @@ class TangServer:
         """New keys; the old ones stay (hidden, '.'-prefixed) so existing bindings still unlock."""
         subprocess.run([str(ROTATE), "-d", str(self.keys)], check=True, capture_output=True)
 
+    def forget_rotated(self):
+        """Delete the rotated-away keys, as an admin does once every binding should have moved to
+        the new ones: a binding still made with them no longer unlocks."""
+        for path in self.keys.glob(".*.jwk"):
+            path.unlink()
+
     def __enter__(self):
         return self.start()
 

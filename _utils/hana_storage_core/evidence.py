@@ -4,9 +4,9 @@ did, as one JSON document (its schema: SCHEMA) and as one self-contained HTML pa
 ``host_evidence`` is a minion's part (hana_storage.evidence): its audit, each finding with the
 facts it was judged on (the device's dm table, its LUKS header's summary - parsed, so never key
 material), and the state of each volume's keys (source, key file mode and age, Tang servers and
-the thumbprints each device's Clevis binding names, header backups and their dates) and, when
-asked, whether it would unlock its storage at its next boot (core.readiness: checked live, with
-the time of the check).
+the thumbprints each device's Clevis binding names, header backups and their dates).
+``readiness_parts`` checks the minions' hana_storage.boot_readiness verdicts: whether each would
+unlock its storage at its next boot.
 ``document`` is the master's (salt-run hana_storage.report format=json|html): every host's part,
 the fleet summary, the rule table with the controls of each rule, the compliance history and the
 actions the triage store recorded. ``html`` renders a document: inline CSS and SVG, no script,
@@ -32,10 +32,9 @@ MAX_CRYPTTAB_LINES = 512  # a host's /etc/crypttab lines judged for boot readine
 # ---- a host's part --------------------------------------------------------------------------------
 
 
-def host_evidence(plan, facts, report, host, audited, readiness=None):
+def host_evidence(plan, facts, report, host, audited):
     """A minion's evidence: ``report`` (core.rules.audit of ``plan`` over ``facts``) with each
-    finding's facts, the keys' state and, when given, ``readiness`` (core.readiness.verdict, or
-    {"ready": False, "error"}, with "checked": when)."""
+    finding's facts, and the keys' state."""
     devices = facts.get("devices", {})
     by_path = {d["path"]: name for name, d in devices.items()}
     by_path.update({f"/dev/{name}": name for name in devices})
@@ -48,7 +47,7 @@ def host_evidence(plan, facts, report, host, audited, readiness=None):
             "luks_header": _header_summary(_header_at(facts, devices, name)),
         }
         findings.append(found)
-    part = {
+    return {
         "host": host,
         "audited": int(audited),
         "compliant": report["compliant"],
@@ -65,9 +64,6 @@ def host_evidence(plan, facts, report, host, audited, readiness=None):
             name: _key_state(volume, facts, devices) for name, volume in sorted(plan["volumes"].items())
         },
     }
-    if readiness is not None:
-        part["readiness"] = readiness
-    return part
 
 
 def _header_at(facts, devices, name):
@@ -191,11 +187,16 @@ def _int_or_none(value):
 # ---- the fleet's document -------------------------------------------------------------------------
 
 
-def document(returns, master, version, generated, history=(), actions=(), tallies=None):
+def document(returns, master, version, generated, history=(), actions=(), tallies=None, readiness=None):
     """The evidence document of a fleet: ``returns`` (LocalClient full returns of
     hana_storage.evidence), the store's ``history`` (compliance snapshots, oldest first),
-    ``actions`` (what triage did, oldest first) and ``tallies``; ``generated`` epoch seconds."""
+    ``actions`` (what triage did, oldest first) and ``tallies``; ``generated`` epoch seconds.
+    ``readiness``: ``readiness_parts``, each audited host's "readiness"."""
     hosts = host_parts(returns, "host")
+    for minion, host in hosts.items():
+        host.pop("readiness", None)  # the master's readiness job says it, never the minion's evidence
+        if minion in (readiness or {}) and "error" not in host:
+            host["readiness"] = readiness[minion]
     return {
         "$schema": SCHEMA_ID,
         "generated": int(generated),
@@ -237,8 +238,6 @@ def host_parts(returns, kind):
             hosts[minion] = {"host": minion, "error": (error.strip().splitlines() or [""])[-1][:300]}
             continue
         part, error = _checked(dict(part, host=minion), problem_of)  # the id we know
-        if error is None and "readiness" in part:
-            part["readiness"] = _believed(part["readiness"])
         hosts[minion] = part if error is None else {"host": minion, "error": error}
     return hosts
 
@@ -252,21 +251,32 @@ def readiness_parts(returns, checked):
     for minion in sorted(returns):
         ret = returns[minion]
         part = ret.get("ret") if isinstance(ret, dict) else None
-        if not isinstance(part, dict):
-            error = part if isinstance(part, str) and part.strip() else "no answer"
-            parts[minion] = {"ready": None, "error": error.strip().splitlines()[-1][:300]}
-            continue
-        part, error = _checked(dict(part, checked=int(checked)), problem_of)
-        parts[minion] = _believed(part) if error is None else {"ready": None, "error": error}
+        if isinstance(part, dict):
+            part, error = _checked(dict(part, checked=int(checked)), problem_of)
+        else:
+            error = (
+                part.strip().splitlines()[-1][:300] if isinstance(part, str) and part.strip() else "no answer"
+            )
+        parts[minion] = (
+            _believed(part) if error is None else {"ready": None, "error": error, "checked": int(checked)}
+        )
     return parts
 
 
 def _believed(readiness):
-    """A minion's readiness verdict, ready only when its lines say so too: a host that answers
-    "ready" beside a line that is not, or an error, is not ready."""
-    lines = readiness.get("lines") or []
-    ready = readiness["ready"] and "error" not in readiness and all(line["ready"] for line in lines)
-    return dict(readiness, ready=ready)
+    """A minion's readiness verdict (matching the schema), ready only where its lines say so: a
+    line is ready without problems only, and a host without an error, with every line ready. ("ready"
+    None: no verdict.)"""
+    lines = [
+        dict(line, ready=line["ready"] and not line["problems"]) for line in readiness.get("lines") or []
+    ]
+    ready = readiness["ready"]
+    if ready is not None:
+        ready = ready and "error" not in readiness and all(line["ready"] for line in lines)
+    believed = dict(readiness, ready=ready)
+    if "lines" in readiness:
+        believed["lines"] = lines
+    return believed
 
 
 def _checked(part, problem_of):
@@ -458,8 +468,13 @@ SCHEMA = {
             "required": ["ready", "checked"],
             "additionalProperties": False,
             "anyOf": [{"required": ["lines"]}, {"required": ["error"]}],
+            "if": {"properties": {"ready": {"const": None}}},
+            "then": {"required": ["error"]},
             "properties": {
-                "ready": {"type": "boolean"},
+                "ready": {
+                    "description": "null: no verdict (no answer, or not one)",
+                    "type": ["boolean", "null"],
+                },
                 "checked": _EPOCH,
                 "error": _TEXT,
                 "lines": {
@@ -970,23 +985,23 @@ def _keys(hosts):
 
 
 def _readiness_card(hosts):
-    checked = [h["readiness"] for h in hosts.values() if "readiness" in h]
-    if not checked:
-        return ""
-    ready = sum(1 for r in checked if r["ready"])
-    return _card(
-        "Ready for their next boot", f"{ready} of {len(checked)}", "ok" if ready == len(checked) else "bad"
-    )
+    if not any("readiness" in h for h in hosts.values()):
+        return ""  # a document made without readiness
+    ready = sum(1 for h in hosts.values() if (h.get("readiness") or {}).get("ready") is True)
+    unknown = sum(1 for h in hosts.values() if (h.get("readiness") or {}).get("ready") is None)
+    value = f"{ready} of {len(hosts)}" + (f" ({unknown} not known)" if unknown else "")
+    return _card("Ready for their next boot", value, "ok" if ready == len(hosts) else "bad")
 
 
 def _readiness(hosts):
     rows = []
     for name, host in hosts.items():
         readiness = host.get("readiness")
-        if readiness is None:
-            state = "not audited" if "error" in host else "not checked"
+        if readiness is None or readiness["ready"] is None:
+            why = (readiness or {}).get("error") or ("not audited" if "error" in host else "")
             rows.append(
-                f'<tr data-host="{_e(name)}"><td>{_e(name)}</td><td>-</td><td>{state}</td><td colspan=4></td></tr>'
+                f'<tr data-host="{_e(name)}"><td>{_e(name)}</td><td>-</td><td class="err">not known</td>'
+                f"<td colspan=4>{_e(why)}</td></tr>"
             )
             continue
         checked = _e(_date(readiness.get("checked")))

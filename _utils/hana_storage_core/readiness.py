@@ -70,17 +70,26 @@ PROBLEMS = {
         "the line has no _netdev: systemd opens it before the network is up, when Tang cannot be reached",
         "add _netdev to its options (state.apply hana.storage writes it)",
     ),
+    "not_in_crypttab": (
+        "the pillar's {name} has no /etc/crypttab line: the boot does not open it",
+        "state.apply hana.storage writes it (hana_storage.audit names it: HANA-PERSIST-001)",
+    ),
     "clevis_fails": (
         "Clevis unlocks no keyslot now: {error}",
-        "check each Tang server (curl <url>/adv) and the binding (clevis luks list -d {device}); a server "
-        "whose old keys were deleted after a rotation needs clevis luks regen; a changed PCR, a TPM2 rebinding",
+        "check each Tang server (curl <url>/adv) and the binding (clevis luks list -d {device}). A server "
+        "whose old keys were deleted after a rotation: put its new thumbprint (tang-show-keys) in the pillar "
+        "and apply, which binds again with the recovery key and removes the old binding (clevis luks regen "
+        "cannot: it unlocks with the old binding first); a changed PCR: a TPM2 rebinding",
     ),
 }
 
 
+MAX_TEXT = 1000  # characters of a cause or a fix: an error quoted in one is cut there
+
+
 def problem(code, **facts):
     cause, fix = PROBLEMS[code]
-    return {"code": code, "cause": cause.format(**facts), "fix": fix.format(**facts)}
+    return {"code": code, "cause": cause.format(**facts)[:MAX_TEXT], "fix": fix.format(**facts)[:MAX_TEXT]}
 
 
 def at_boot(line):
@@ -167,10 +176,33 @@ def line_verdict(line, facts):
     return verdict
 
 
-def verdict(lines, facts):
-    """{"ready", "lines"}: ``lines`` (core.tab.parse_crypttab) judged with ``facts`` [one per line]."""
+def verdict(lines, facts, plan=None):
+    """{"ready", "lines"}: ``lines`` (core.tab.parse_crypttab) judged with ``facts`` [one per line],
+    and each crypt device of ``plan`` (the formula's, when the host has a valid one) that its
+    boot opens but no line names."""
     judged = [line_verdict(line, fact) for line, fact in zip(lines, facts, strict=True)]
+    judged += unlisted(plan, lines) if plan else []
     return {"ready": all(j["ready"] for j in judged), "lines": judged}
+
+
+def unlisted(plan, lines):
+    """A verdict for each crypt device of ``plan`` the boot opens (a key file or Tang volume: a
+    pillar key's Salt opens) that no crypttab line names: the boot does not open it either."""
+    named = {line["name"] for line in lines}
+    return [
+        {
+            "name": crypt["name"],
+            "device": crypt["device"],
+            "at_boot": True,
+            "blocks_boot": False,
+            "ready": False,
+            "problems": [problem("not_in_crypttab", name=crypt["name"])],
+        }
+        for volume in plan["volumes"].values()
+        if volume["key"]["source"] != "pillar"
+        for crypt in volume["crypt"]
+        if crypt["name"] not in named
+    ]
 
 
 MAX_SUMMARY_PROBLEMS = 64  # "<line>: <code>" entries a summary names (a host has a handful of lines)

@@ -1726,7 +1726,7 @@ def test_the_runner_fires_a_signed_readiness_per_minion_that_the_exporter_counts
         "db2": {"ret": readiness_verdict(key_exists=False), "retcode": 1},
         "db3": {"ret": "Minion did not return. [Not connected]", "retcode": 1},
     }
-    sent = report_runner(tmp_path, monkeypatch, returns, "readiness_runner")
+    sent = report_runner(tmp_path, monkeypatch, {}, "readiness_runner", readiness=returns)
     sent.__opts__ = {**firing.__opts__, "conf_file": "/dev/null"}
     sent._fire = firing._fire
     result = sent.readiness()
@@ -1735,7 +1735,11 @@ def test_the_runner_fires_a_signed_readiness_per_minion_that_the_exporter_counts
     assert result["db3"]["ready"] is None and "Not connected" in result["db3"]["error"]
 
     module, metrics, registry = exporter
-    assert [tag for tag, _ in firing.sent] == ["hana/storage/readiness"] * 3
+    # db3 gave no verdict: nothing is announced for it, its gauge keeps its value and grows stale
+    assert [(tag, data["minion"]) for tag, data in firing.sent] == [
+        ("hana/storage/readiness", "db1"),
+        ("hana/storage/readiness", "db2"),
+    ]
     for tag, data in firing.sent:
         assert firing.verify_master(tag, data) is None
         module.handle(metrics, tag, data, verify_master=firing.verify_master)
@@ -1752,14 +1756,60 @@ def test_the_runner_fires_a_signed_readiness_per_minion_that_the_exporter_counts
 
     assert sample("hana_storage_boot_ready", minion="db1") == 1
     assert sample("hana_storage_boot_ready", minion="db2") == 0  # the forged "ready" counted nowhere
-    assert sample("hana_storage_boot_ready", minion="db3") == 0  # not known is not ready
+    assert sample("hana_storage_boot_ready", minion="db3") is None
     checked = sample("hana_storage_boot_readiness_timestamp_seconds", minion="db2")
     assert checked == int(firing.sent[1][1]["checked"]) and abs(checked - time.time()) < 60
     assert sample("hana_storage_rejected_events_total", reason="forged_master_event") == 3
 
+    # a genuine verdict checked before the one counted (a report and the schedule overlapping, a
+    # replay within max_event_age) changes nothing
+    older = {"minion": "db2", "ready": True, "not_ready": [], "checked": checked - 500}
+    firing.sent.clear()
+    assert firing._fire("hana/storage/readiness", older)
+    module.handle(metrics, *firing.sent[0], verify_master=firing.verify_master)
+    assert sample("hana_storage_boot_ready", minion="db2") == 0
+    assert sample("hana_storage_boot_readiness_timestamp_seconds", minion="db2") == checked
+
+
+def test_the_report_asks_readiness_in_a_job_of_its_own(firing, tmp_path, monkeypatch):
+    """A minion whose formula predates boot_readiness still gives its evidence (an argument its
+    evidence() does not know would have made the whole host "not audited"); each verdict is
+    announced, by the master's clock."""
+    from tests.unit.test_evidence import host_part, returns_of
+
+    readiness = {
+        "db1": {"ret": readiness_verdict(key_exists=False), "retcode": 1},
+        "db2": {"ret": "'hana_storage.boot_readiness' is not available.", "retcode": 254},
+    }
+    runner = report_runner(
+        tmp_path, monkeypatch, returns_of([host_part("db1"), host_part("db2")]), "report_readiness", readiness
+    )
+    runner.__opts__ = {**firing.__opts__, "conf_file": "/dev/null", "id": "salt-master-1"}
+    runner._fire = firing._fire
+    written = runner.report(format="json", out=str(tmp_path / "report.json"))
+    doc = json.loads((tmp_path / "report.json").read_text())
+    assert written["summary"]["errors"] == 0 and set(doc["hosts"]) == {"db1", "db2"}
+    assert doc["hosts"]["db1"]["readiness"]["ready"] is False
+    assert (
+        doc["hosts"]["db2"]["readiness"]["ready"] is None
+        and "not available" in doc["hosts"]["db2"]["readiness"]["error"]
+    )
+    assert [(tag, data["minion"], data["ready"]) for tag, data in firing.sent] == [
+        ("hana/storage/readiness", "db1", False)
+    ]
+    assert abs(firing.sent[0][1]["checked"] - time.time()) < 60
+
 
 @pytest.mark.parametrize(
-    "data", [{"minion": "db1", "ready": 1}, {"minion": ["db1"], "ready": True}, {"ready": True}]
+    "data",
+    [
+        {"minion": "db1", "ready": 1, "checked": 1},
+        {"minion": ["db1"], "ready": True, "checked": 1},
+        {"ready": True, "checked": 1},
+        {"minion": "db1", "ready": None, "checked": 1},  # no verdict: the runner never sends one
+        {"minion": "db1", "ready": True},
+        {"minion": "db1", "ready": True, "checked": "now"},
+    ],
 )
 def test_the_exporter_takes_no_malformed_readiness(exporter, data):
     module, metrics, registry = exporter

@@ -21,13 +21,14 @@ def host_part(host, facts=None, when=1_790_000_000):
     return evidence.host_evidence(plan, facts, rules.audit(plan, facts), host, when)
 
 
-def report_runner(tmp_path, monkeypatch, returns, name):
-    """The hana_storage runner, its LocalClient answering every call with ``returns``."""
+def report_runner(tmp_path, monkeypatch, returns, name, readiness=None):
+    """The hana_storage runner, its LocalClient answering hana_storage.boot_readiness with
+    ``readiness`` (by default no minion answers) and every other call with ``returns``."""
     from tests.unit.test_events import load
 
     class Client:
-        def cmd(self, *_args, **_kwargs):
-            return returns
+        def cmd(self, _tgt, fun, **_kwargs):
+            return (readiness or {}) if fun == "hana_storage.boot_readiness" else returns
 
     runner = load("_runners/hana_storage.py", name)
     runner.__opts__ = {"cachedir": str(tmp_path / "cache"), "conf_file": "/dev/null", "id": "salt-master-1"}

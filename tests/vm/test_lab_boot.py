@@ -289,6 +289,34 @@ def test_after_the_rotation_the_host_boots_the_lab_layout_without_salt_as_readin
     only_the_generic_driver(audit(vm))
 
 
+def test_a_tang_server_that_deleted_its_rotated_keys_is_foreseen_and_the_apply_binds_anew(vm, built, tang):
+    """Issue 33: Tang's keys rotated and the old ones deleted while the bindings still name them.
+    Readiness says the Tang lines will not open (Clevis cannot decrypt), a boot without Salt
+    leaves exactly those locked; the pillar given the new thumbprint, an apply opens them with the
+    recovery key and binds them anew (clevis luks regen could not: it needs the old binding to
+    unlock); readiness says yes and the next boot opens every line."""
+    tang.rotate()
+    tang.forget_rotated()
+    assert readiness(vm) == (False, dict.fromkeys(TANG_CRYPTS, ["clevis_fails"]))
+    close_storage(vm, MOUNTPOINTS, VGS)
+    out = boot_without_salt(vm, expect_locked=TANG_CRYPTS, attach_timeout=10)
+    assert sorted(m for m in MOUNTPOINTS if f"mounted {m}" in out) == ["/hana/data", "/hana/shared"], out
+    for volume in ("log", "backup"):
+        vm.storage["volumes"][volume]["key"]["servers"][0]["thumbprint"] = tang.thumbprint
+    vm.set_pillar(yaml.safe_dump({"hana": {"storage": vm.storage}}))
+    applied = vm.salt("state.apply hana.storage", title="state.apply: Tang's new key in the pillar")
+    assert applied.retcode == 0, [s["comment"] for s in applied.ret.values() if s["result"] is not True]
+    for device in TANG_CRYPTS.values():
+        tokens = vm.salt(f"hana_storage.luks_header {device}", check=True).ret["tokens"]
+        (clevis,) = [t["clevis"] for t in tokens if t["type"] == "clevis"]  # the old binding is gone
+        assert tang.thumbprint in clevis["servers"][0]["thumbprints"], clevis
+    assert readiness(vm) == (True, {})
+    close_storage(vm, MOUNTPOINTS, VGS)
+    out = boot_without_salt(vm)
+    assert all(f"mounted {m}" in out for m in MOUNTPOINTS), out
+    only_the_generic_driver(audit(vm))
+
+
 def test_without_tang_only_the_tang_volumes_stay_locked_as_readiness_foresees(vm, built, tang):
     # the last test of the module: it leaves the Tang volumes locked
     tang.stop()
