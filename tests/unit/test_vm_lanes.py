@@ -29,7 +29,7 @@ def test_a_failed_modules_summary_names_its_failures_in_their_own_words():
         ("A", "3008", "tests/vm/test_enforce.py", 1, 1900.0, why),
         ("B", "3008", "tests/vm/test_audit.py", 0, 600.0, []),
     ]
-    text = vm_lanes.summary(results)
+    text = vm_lanes.summary(results, 1900.0)
     assert "lane A   31.7 min  FAILED  tests/vm/test_enforce.py (Salt 3008)" in text
     assert "lane B   10.0 min  ok      tests/vm/test_audit.py (Salt 3008)" in text
     assert "== why tests/vm/test_enforce.py (Salt 3008) failed:\n  E       AssertionError" in text
@@ -41,6 +41,19 @@ def test_a_module_that_died_without_a_failure_line_shows_its_last_lines():
     assert vm_lanes.why_failed(output) == output[-vm_lanes.WHY_LINES :]
 
 
-def test_all_passed_is_the_table_alone():
-    text = vm_lanes.summary([("A", "3006", "tests/vm/test_events.py", 0, 60.0, [])])
-    assert text == "VM tier by module:\n  lane A    1.0 min  ok      tests/vm/test_events.py (Salt 3006)\n"
+def test_all_passed_is_the_tier_and_the_table_alone():
+    text = vm_lanes.summary([("A", "3006", "tests/vm/test_events.py", 0, 60.0, [])], 61.0)
+    assert text == (
+        "VM tier: 1.0 min (lane A 1.0; its target 36 min)\n"
+        "VM tier by module:\n  lane A    1.0 min  ok      tests/vm/test_events.py (Salt 3006)\n"
+    )
+
+
+def test_a_tier_past_its_target_says_so_loudly():
+    results = [
+        ("A", "3008", "tests/vm/test_grow.py", 0, 1500.0, []),
+        ("B", "3008", "tests/vm/test_audit.py", 0, 2300.0, []),
+    ]
+    text = vm_lanes.summary(results, 2310.0)
+    assert text.startswith("VM tier: 38.5 min (lane A 25.0, lane B 38.3; its target 36 min)")
+    assert "VM TIER OVER ITS TIME TARGET: 38.5 min, target 36 min" in text
