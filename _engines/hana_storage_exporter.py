@@ -98,6 +98,7 @@ RESULTS = ("fixed", "absent", "not-fixed", "failed")  # a remediation's results
 MAX_VOLUMES = 32  # volumes exported per minion: a HANA host has a handful
 PRUNE_EVERY = 60  # seconds between two looks for minions whose key is no longer accepted
 REPORT_INTERVAL = 60  # seconds: at most one log line per minion about open findings held back
+CLOCK_SKEW = 300  # seconds a readiness check may lie ahead of this master's clock (another master's)
 
 
 def __virtual__():
@@ -277,9 +278,11 @@ class Metrics:
             or not (ready is True or ready is False)
             or isinstance(checked, bool)
             or not isinstance(checked, int | float)
+            or not checked
+            <= time.time() + CLOCK_SKEW  # NaN too: a check "from the future" would hold the gauge
         ):
             raise ValueError(
-                "a readiness event names a minion, whether it is ready and when that was checked"
+                "a readiness event names a minion, whether it is ready and when that was checked (not later than now)"
             )
         if checked < self.checked.get(minion, float("-inf")):
             return

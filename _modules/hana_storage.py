@@ -395,9 +395,10 @@ def boot_readiness():
     now: the device there, the key file there and opening the header (on a copy), or for a Clevis
     line the password agent and remote-cryptsetup.target enabled, ``_netdev`` on the line, and
     Clevis unlocking a keyslot now - which asks the Tang servers (or the TPM), unlike the audit.
-    With a valid ``hana:storage`` pillar, a crypt device the boot should open (a key file or
-    Tang volume) that no line names is not ready either (``not_in_crypttab``). Run it before a
-    reboot or a patch day; it changes nothing.
+    With a ``hana:storage`` pillar, a crypt device the boot should open (a key file or Tang
+    volume) that no line names (``not_in_crypttab``), or whose line has ``noauto``, is not ready
+    either; with an invalid one nothing is ready (what the boot should open is not known). Run it
+    before a reboot or a patch day; it changes nothing.
 
     Returns ``{"ready": bool, "lines": [{"name", "device", "at_boot", "ready", "problems":
     [{"code", "cause", "fix"}]}]}`` (codes: ``core.readiness.PROBLEMS``), or ``{"ready": False,
@@ -410,22 +411,28 @@ def boot_readiness():
         salt '*' hana_storage.boot_readiness
     """
     seen = _host("boot_path")()
-    if "error" in seen:
-        result = {"ready": False, "error": seen["error"]}
+    plan, invalid = _plan_if_any()
+    if "error" in seen or invalid:
+        result = {"ready": False, "error": seen.get("error") or invalid}
     else:
-        result = core.readiness.verdict(seen["lines"], seen["facts"], _plan_if_valid())
+        result = core.readiness.verdict(seen["lines"], seen["facts"], plan)
     if not result["ready"]:
         __context__["retcode"] = 1
     return result
 
 
-def _plan_if_valid():
-    """The plan, or None on a host without a valid ``hana:storage`` pillar (what the formula
-    would open is then unknown; the pillar's validation says why)."""
+def _plan_if_any():
+    """(the plan or None, why not): None without a ``hana:storage`` pillar (crypttab is all there
+    is to judge); with an invalid one, what the formula should open at boot is not known."""
+    if not salt.utils.data.traverse_dict_and_list(__pillar__, "hana:storage", {}):
+        return None, None
     try:
-        return _plan()
-    except CommandExecutionError:
-        return None
+        return _plan(), None
+    except CommandExecutionError as error:
+        return (
+            None,
+            f"the hana:storage pillar is invalid, so what the boot should open is not known: {error}"[:1000],
+        )
 
 
 def scap_datastream():

@@ -55,6 +55,7 @@ Master configuration (``conf/master.d/hana-storage.conf``)::
 import contextlib
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -91,15 +92,17 @@ DEFAULTS = {
     "event_rate": 5,  # ... and per second after that; beyond it: dropped unverified (rate_limited)
     "report_interval": 60,  # seconds: at most one log line and hana/storage/rejected per minion
 }
-LIMITS = (
+LIMITS = (  # each a positive, finite number; a bad one is logged and its default used
     "max_event_bytes",
     "max_audit_findings",
     "event_burst",
     "event_rate",
     "report_interval",
-    "report_timeout",
-    "readiness_timeout",
+    "max_event_age",
 )
+# seconds Salt's LocalClient waits: whole ones (it replaces any other number with the master's
+# `timeout`, 5 s by default)
+TIMEOUTS = ("report_timeout", "readiness_timeout")
 ALERT_TAG = "hana/storage/alert"
 REMEDIATION_TAG = "hana/storage/remediation"
 REJECTED_TAG = "hana/storage/rejected"
@@ -119,19 +122,40 @@ def __virtual__():
 
 def _config():
     config = {**DEFAULTS, **(__opts__.get("hana_storage") or {})}
-    for name in LIMITS:
+    for name in (*LIMITS, *TIMEOUTS):
         value = config[name]
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        whole = isinstance(value, int) or name not in TIMEOUTS
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not whole
+            or not 0 < value < math.inf
+        ):
             if (name, repr(value)) not in _BAD_LIMITS:
                 _BAD_LIMITS.add((name, repr(value)))
                 log.error(
-                    "hana_storage: %s %r is not a positive number: %s used", name, value, DEFAULTS[name]
+                    "hana_storage: %s %r is not a positive, finite number (a whole one for a timeout): %s used",
+                    name,
+                    value,
+                    DEFAULTS[name],
                 )
             config[name] = DEFAULTS[name]
     return config
 
 
 _BAD_LIMITS = set()  # (name, value) of the limits already logged as invalid
+
+
+def _seconds(timeout, default):
+    """What Salt's LocalClient is given to wait: the caller's ``timeout`` in whole seconds (Salt
+    replaces any other number with 5 s), else ``default``."""
+    if timeout is None:
+        return default
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < math.inf:
+        raise CommandExecutionError(f"timeout must be a positive number of seconds, not {timeout!r}")
+    return math.ceil(timeout)
+
+
 _LIMITERS, _LIMITERS_LOCK = {}, threading.Lock()
 
 
@@ -828,7 +852,7 @@ def report(tgt="*", tgt_type="glob", timeout=None, format="text", out=None):  # 
             tgt,
             "hana_storage.audit",
             tgt_type=tgt_type,
-            timeout=timeout or config["report_timeout"],
+            timeout=_seconds(timeout, config["report_timeout"]),
             full_return=True,
         )
         fleet = core.report.fleet(returns)
@@ -839,11 +863,11 @@ def report(tgt="*", tgt_type="glob", timeout=None, format="text", out=None):  # 
         tgt,
         "hana_storage.evidence",
         tgt_type=tgt_type,
-        timeout=timeout or config["report_timeout"],
+        timeout=_seconds(timeout, config["report_timeout"]),
         full_return=True,
     )
     # a job of its own: a minion whose formula is older still gives its evidence
-    ready = _readiness_of(client, tgt, tgt_type, timeout or config["readiness_timeout"])
+    ready = _readiness_of(client, tgt, tgt_type, _seconds(timeout, config["readiness_timeout"]))
     now = time.time()
     doc = core.evidence.document(returns, __opts__.get("id", "master"), core.VERSION, now, readiness=ready)
     try:
@@ -890,7 +914,7 @@ def readiness(tgt="*", tgt_type="glob", timeout=None):
         salt-run hana_storage.readiness tgt='hana-*'
     """
     client = salt.client.get_local_client(__opts__["conf_file"])
-    parts = _readiness_of(client, tgt, tgt_type, timeout or _config()["readiness_timeout"])
+    parts = _readiness_of(client, tgt, tgt_type, _seconds(timeout, _config()["readiness_timeout"]))
     return {minion: core.readiness.summary(part) for minion, part in parts.items()}
 
 
@@ -930,7 +954,7 @@ def snapshot(tgt="*", tgt_type="glob", timeout=None):
         tgt,
         "hana_storage.audit",
         tgt_type=tgt_type,
-        timeout=timeout or config["report_timeout"],
+        timeout=_seconds(timeout, config["report_timeout"]),
         full_return=True,
     )
     hosts = core.evidence.host_parts(returns, "verdict")

@@ -194,9 +194,12 @@ def document(returns, master, version, generated, history=(), actions=(), tallie
     ``readiness``: ``readiness_parts``, each audited host's "readiness"."""
     hosts = host_parts(returns, "host")
     for minion, host in hosts.items():
-        host.pop("readiness", None)  # the master's readiness job says it, never the minion's evidence
-        if minion in (readiness or {}) and "error" not in host:
-            host["readiness"] = readiness[minion]
+        if readiness is not None and "error" not in host:
+            host["readiness"] = readiness.get(minion) or {
+                "ready": None,
+                "error": "no answer to hana_storage.boot_readiness within readiness_timeout",
+                "checked": int(generated),
+            }
     return {
         "$schema": SCHEMA_ID,
         "generated": int(generated),
@@ -237,7 +240,9 @@ def host_parts(returns, kind):
             error = part if isinstance(part, str) else "no evidence returned"
             hosts[minion] = {"host": minion, "error": (error.strip().splitlines() or [""])[-1][:300]}
             continue
-        part, error = _checked(dict(part, host=minion), problem_of)  # the id we know
+        # the id we know; a host's readiness is the master's own job's, never what its evidence says
+        part = {key: value for key, value in part.items() if key != "readiness"}
+        part, error = _checked(dict(part, host=minion), problem_of)
         hosts[minion] = part if error is None else {"host": minion, "error": error}
     return hosts
 

@@ -74,6 +74,10 @@ PROBLEMS = {
         "the pillar's {name} has no /etc/crypttab line: the boot does not open it",
         "state.apply hana.storage writes it (hana_storage.audit names it: HANA-PERSIST-001)",
     ),
+    "noauto": (
+        "the pillar's {name} opens at boot (its key: {source}), but its line has noauto: the boot skips it",
+        "state.apply hana.storage writes the line without noauto (hana_storage.audit names it: HANA-PERSIST-001)",
+    ),
     "clevis_fails": (
         "Clevis unlocks no keyslot now: {error}",
         "check each Tang server (curl <url>/adv) and the binding (clevis luks list -d {device}). A server "
@@ -178,31 +182,40 @@ def line_verdict(line, facts):
 
 def verdict(lines, facts, plan=None):
     """{"ready", "lines"}: ``lines`` (core.tab.parse_crypttab) judged with ``facts`` [one per line],
-    and each crypt device of ``plan`` (the formula's, when the host has a valid one) that its
-    boot opens but no line names."""
+    held to ``plan`` (the formula's, when the host has one: ``planned``)."""
     judged = [line_verdict(line, fact) for line, fact in zip(lines, facts, strict=True)]
-    judged += unlisted(plan, lines) if plan else []
+    if plan:
+        judged = planned(plan, lines, judged)
     return {"ready": all(j["ready"] for j in judged), "lines": judged}
 
 
-def unlisted(plan, lines):
-    """A verdict for each crypt device of ``plan`` the boot opens (a key file or Tang volume: a
-    pillar key's Salt opens) that no crypttab line names: the boot does not open it either."""
-    named = {line["name"] for line in lines}
-    return [
-        {
-            "name": crypt["name"],
-            "device": crypt["device"],
-            "at_boot": True,
-            "blocks_boot": False,
-            "ready": False,
-            "problems": [problem("not_in_crypttab", name=crypt["name"])],
-        }
-        for volume in plan["volumes"].values()
-        if volume["key"]["source"] != "pillar"
-        for crypt in volume["crypt"]
-        if crypt["name"] not in named
-    ]
+def planned(plan, lines, judged):
+    """``judged`` (the verdicts of ``lines``) held to ``plan``: each crypt device the boot should
+    open (a key file or Tang volume; a pillar key's Salt opens) needs a line the boot opens. One
+    with ``noauto`` is skipped by the boot; one with no line at all, too (a verdict of its own)."""
+    by_name = {line["name"]: (line, verdict) for line, verdict in zip(lines, judged, strict=True)}
+    missing = []
+    for volume in plan["volumes"].values():
+        source = volume["key"]["source"]
+        if source == "pillar":
+            continue
+        for crypt in volume["crypt"]:
+            line, verdict = by_name.get(crypt["name"], (None, None))
+            if line is None:
+                missing.append(
+                    {
+                        "name": crypt["name"],
+                        "device": crypt["device"],
+                        "at_boot": True,
+                        "blocks_boot": False,
+                        "ready": False,
+                        "problems": [problem("not_in_crypttab", name=crypt["name"])],
+                    }
+                )
+            elif not at_boot(line):
+                verdict["problems"].append(problem("noauto", name=crypt["name"], source=source))
+                verdict["ready"] = False
+    return judged + missing
 
 
 MAX_SUMMARY_PROBLEMS = 64  # "<line>: <code>" entries a summary names (a host has a handful of lines)

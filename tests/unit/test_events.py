@@ -1537,7 +1537,7 @@ def test_the_limits_ship_as_their_defaults_and_a_bad_one_falls_back(runner, capl
     for _ in range(3):
         config = runner._config()
     assert (config["event_burst"], config["event_rate"], config["max_event_bytes"]) == (200, 5, 262144)
-    assert caplog.text.count("is not a positive number") == 3, "once each"
+    assert caplog.text.count("is not a positive, finite number") == 3, "once each"
 
 
 # ---- the exporter's series are the master's, and bounded (issue 29, item 10) ---------------------------
@@ -1816,3 +1816,44 @@ def test_the_exporter_takes_no_malformed_readiness(exporter, data):
     with pytest.raises((KeyError, TypeError, ValueError)):
         module.handle(metrics, "hana/storage/readiness", data)
     assert "hana_storage_boot_ready{" not in generate_latest(registry).decode()
+
+
+@pytest.mark.parametrize("checked", [time.time() + 3600, float("inf"), float("nan")])
+def test_the_exporter_takes_no_readiness_checked_in_the_future(exporter, checked):
+    """Re-review: a check stamped an hour ahead (a master whose clock stepped back since) held the
+    gauge until real time caught up, and kept the stale alert from firing."""
+    module, metrics, registry = exporter
+    with pytest.raises(ValueError):
+        module.handle(metrics, "hana/storage/readiness", {"minion": "db1", "ready": True, "checked": checked})
+    module.handle(
+        metrics, "hana/storage/readiness", {"minion": "db1", "ready": False, "checked": time.time()}
+    )
+    assert registry.get_sample_value("hana_storage_boot_ready", {"minion": "db1"}) == 0
+
+
+@pytest.mark.parametrize(
+    "name,value",
+    [
+        ("readiness_timeout", 180.0),  # Salt's LocalClient replaces a float with its 5 s
+        ("readiness_timeout", float("nan")),
+        ("report_timeout", float("inf")),
+        ("max_event_age", float("nan")),  # every replay accepted
+        ("max_event_age", "30"),
+        ("max_event_age", 0),
+    ],
+)
+def test_a_bad_timeout_or_event_age_falls_back_to_its_default(runner, name, value, caplog):
+    runner.__opts__["hana_storage"] = {name: value}
+    assert runner._config()[name] == runner.DEFAULTS[name]
+    assert f"hana_storage: {name} {value!r} is not a positive, finite number" in caplog.text
+
+
+@pytest.mark.parametrize("timeout,seconds", [(None, 180), (30, 30), (30.2, 31)])
+def test_a_timeout_argument_is_whole_seconds(runner, timeout, seconds):
+    assert runner._seconds(timeout, 180) == seconds
+
+
+@pytest.mark.parametrize("timeout", [0, -1, float("nan"), "3m", True])
+def test_a_bad_timeout_argument_is_refused(runner, timeout):
+    with pytest.raises(runner.CommandExecutionError, match="timeout must be a positive number of seconds"):
+        runner._seconds(timeout, 180)

@@ -102,15 +102,15 @@ WRITER = textwrap.dedent(
     import sys
     sys.path.insert(0, {utils!r})
     path, how = sys.argv[1], sys.argv[2]
-    lines = [f"vol{{i}} UUID={{i:08d}} none luks\\n" for i in range(20000)]
+    import salt.modules.cryptdev as cryptdev
+    from hana_storage_core import files as hana_storage_files, tab as hana_storage_tab
+    print("writing", flush=True)  # imports done: a kill from now on lands in the writes
     n = 0
     while True:
         n += 1
         if how == "salt":  # Salt's cryptdev.set_crypttab: truncates the file, then writes it
-            import salt.modules.cryptdev as cryptdev
             cryptdev.set_crypttab("vol0", f"UUID=changed{{n}}", config=path, test=False)
         else:
-            from hana_storage_core import files as hana_storage_files, tab as hana_storage_tab
             with open(path) as handle:
                 text = handle.read()
             text, _ = hana_storage_tab.set_entry(text, "crypttab", "vol0", f"vol0 UUID=changed{{n}} none luks")
@@ -128,8 +128,9 @@ def kill_loop(tmp_path, how, rounds):
     script.write_text(WRITER.format(utils=str(REPO / "_utils")))
     lost = []
     for round_ in range(rounds):
-        writer = subprocess.Popen([sys.executable, str(script), str(path), how])
-        time.sleep(0.3 + random.random() * 0.4)
+        writer = subprocess.Popen([sys.executable, str(script), str(path), how], stdout=subprocess.PIPE)
+        writer.stdout.readline()  # its imports take seconds on a loaded machine: not the window
+        time.sleep(random.random() * 0.4)
         os.kill(writer.pid, signal.SIGKILL)
         writer.wait()
         try:

@@ -6,8 +6,6 @@ ready. The report asks in a job of its own, so a minion whose formula is older s
 evidence. The runner and the exporter: tests/unit/test_events.py; the real daemons' run:
 tests/integration/test_master_events.py and test_evidence_report.py."""
 
-import time
-
 import jsonschema
 import pytest
 from hana_storage_core import evidence, readiness, tab
@@ -51,9 +49,7 @@ def test_the_report_shows_each_hosts_readiness_and_believes_no_ready_host_with_a
     )
     forged = dict(host_part("hana-07"), readiness=dict(verdict(), checked=CHECKED))  # in its evidence
     parts = [host_part(h) for h in ("hana-01", "hana-02", "hana-03", "hana-04", "hana-05", "hana-06")]
-    doc = evidence.document(
-        returns_of([*parts, forged]), "salt-master-1", "0.4.0", time.time(), readiness=ready
-    )
+    doc = evidence.document(returns_of([*parts, forged]), "salt-master-1", "0.4.0", CHECKED, readiness=ready)
     jsonschema.validate(doc, evidence.SCHEMA)
     hosts = doc["hosts"]
     assert hosts["hana-01"]["readiness"]["ready"] is True
@@ -68,7 +64,7 @@ def test_the_report_shows_each_hosts_readiness_and_believes_no_ready_host_with_a
         "error": ready["hana-05"]["error"],
         "checked": CHECKED,
     }
-    assert "readiness" not in hosts["hana-07"]  # the minion's own word is not the master's check
+    assert hosts["hana-07"]["readiness"]["ready"] is None  # its own word is not the master's check
     assert all(h["readiness"]["checked"] == CHECKED for h in hosts.values() if "readiness" in h)
 
     page = evidence.html(doc)
@@ -124,3 +120,67 @@ def test_a_minions_readiness_is_a_verdict_only_when_it_matches_the_schema(ret, e
         assert found["error"] and "lines" not in found
     else:
         assert found["checked"] == CHECKED
+
+
+PLAN = {
+    "volumes": {
+        "data": {"key": {"source": "keyfile"}, "crypt": [{"name": "hana_data", "device": "/dev/vdb"}]},
+        "shared": {"key": {"source": "pillar"}, "crypt": [{"name": "hana_shared", "device": "/dev/vdd"}]},
+    }
+}
+
+
+def test_a_noauto_line_of_a_volume_the_boot_should_open_is_not_ready():
+    """Re-review: a key-file or Tang volume whose line still has noauto (a volume moved from a
+    pillar key, before the next apply) was ready: the boot skips it."""
+    lines = tab.parse_crypttab(
+        f"hana_data UUID=0c1d {KEY} luks,noauto\nhana_shared /dev/vdd none luks,noauto\n"
+    )
+    facts = [{"source": "/dev/vdb", "units": {}}, {"source": "/dev/vdd", "units": {}}]
+    judged = readiness.verdict(lines, facts, PLAN)
+    assert judged["ready"] is False
+    assert [(j["name"], j["ready"], [p["code"] for p in j["problems"]]) for j in judged["lines"]] == [
+        ("hana_data", False, ["noauto"]),
+        ("hana_shared", True, []),  # a pillar key's: Salt opens it
+    ]
+    assert readiness.verdict(lines, facts)["ready"] is True  # no plan: crypttab alone
+
+
+def test_the_host_is_not_ready_with_an_invalid_pillar_and_judged_on_crypttab_without_one(tmp_path):
+    from tests.unit.test_remediate import loaded
+
+    module = loaded(tmp_path)
+    module._host = lambda name: {"boot_path": lambda: {"lines": [], "facts": []}}[name]
+    module.__pillar__ = {}
+    assert module.boot_readiness() == {"ready": True, "lines": []}
+
+    def invalid(pillar=None):
+        raise module.CommandExecutionError("hana:storage:volumes: must be a mapping")
+
+    module._plan = invalid
+    module.__pillar__ = {"hana": {"storage": {"volumes": "not a mapping"}}}
+    found = module.boot_readiness()
+    assert found["ready"] is False and found["error"].startswith("the hana:storage pillar is invalid")
+    assert module.__context__["retcode"] == 1
+
+
+def test_a_report_whose_readiness_job_had_no_answer_says_so_per_host():
+    doc = evidence.document(returns_of([host_part("db1")]), "m", "0.4.0", CHECKED, readiness={})
+    jsonschema.validate(doc, evidence.SCHEMA)
+    assert doc["hosts"]["db1"]["readiness"] == {
+        "ready": None,
+        "error": "no answer to hana_storage.boot_readiness within readiness_timeout",
+        "checked": CHECKED,
+    }
+    page = evidence.html(doc)
+    assert "0 of 1 (1 not known)" in page and "no answer to hana_storage.boot_readiness" in page
+    assert (
+        "readiness"
+        not in evidence.document(returns_of([host_part("db1")]), "m", "0.4.0", CHECKED)["hosts"]["db1"]
+    )
+
+
+def test_a_bad_readiness_in_a_minions_evidence_costs_it_nothing_but_is_not_believed():
+    part = dict(host_part("db1"), readiness={"ready": "yes"})
+    doc = evidence.document(returns_of([part]), "m", "0.4.0", CHECKED)
+    assert "error" not in doc["hosts"]["db1"] and "readiness" not in doc["hosts"]["db1"]
