@@ -278,8 +278,8 @@ class Metrics:
             or not (ready is True or ready is False)
             or isinstance(checked, bool)
             or not isinstance(checked, int | float)
-            or not checked
-            <= time.time() + CLOCK_SKEW  # NaN too: a check "from the future" would hold the gauge
+            # a check "from the future" (or NaN) would hold the gauge
+            or not (checked <= time.time() + CLOCK_SKEW)
         ):
             raise ValueError(
                 "a readiness event names a minion, whether it is ready and when that was checked (not later than now)"

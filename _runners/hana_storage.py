@@ -124,13 +124,7 @@ def _config():
     config = {**DEFAULTS, **(__opts__.get("hana_storage") or {})}
     for name in (*LIMITS, *TIMEOUTS):
         value = config[name]
-        whole = isinstance(value, int) or name not in TIMEOUTS
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not whole
-            or not 0 < value < math.inf
-        ):
+        if not _positive(value) or (name in TIMEOUTS and not isinstance(value, int)):
             if (name, repr(value)) not in _BAD_LIMITS:
                 _BAD_LIMITS.add((name, repr(value)))
                 log.error(
@@ -146,12 +140,17 @@ def _config():
 _BAD_LIMITS = set()  # (name, value) of the limits already logged as invalid
 
 
+def _positive(value):
+    """Whether ``value`` is a positive, finite number (not a bool, not NaN)."""
+    return not isinstance(value, bool) and isinstance(value, int | float) and 0 < value < math.inf
+
+
 def _seconds(timeout, default):
     """What Salt's LocalClient is given to wait: the caller's ``timeout`` in whole seconds (Salt
     replaces any other number with 5 s), else ``default``."""
     if timeout is None:
         return default
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < math.inf:
+    if not _positive(timeout):
         raise CommandExecutionError(f"timeout must be a positive number of seconds, not {timeout!r}")
     return math.ceil(timeout)
 
@@ -847,25 +846,18 @@ def report(tgt="*", tgt_type="glob", timeout=None, format="text", out=None):  # 
         raise CommandExecutionError(f"format must be one of {', '.join(REPORT_FORMATS)}, not {format!r}")
     config = _config()
     client = salt.client.get_local_client(__opts__["conf_file"])
-    if format == "text":
-        returns = client.cmd(
-            tgt,
-            "hana_storage.audit",
-            tgt_type=tgt_type,
-            timeout=_seconds(timeout, config["report_timeout"]),
-            full_return=True,
-        )
-        fleet = core.report.fleet(returns)
-        if __opts__.get("output"):
-            return fleet
-        return core.report.table(fleet["rows"])
     returns = client.cmd(
         tgt,
-        "hana_storage.evidence",
+        "hana_storage.audit" if format == "text" else "hana_storage.evidence",
         tgt_type=tgt_type,
         timeout=_seconds(timeout, config["report_timeout"]),
         full_return=True,
     )
+    if format == "text":
+        fleet = core.report.fleet(returns)
+        if __opts__.get("output"):
+            return fleet
+        return core.report.table(fleet["rows"])
     # a job of its own: a minion whose formula is older still gives its evidence
     ready = _readiness_of(client, tgt, tgt_type, _seconds(timeout, config["readiness_timeout"]))
     now = time.time()
