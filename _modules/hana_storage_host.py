@@ -454,6 +454,7 @@ def _clevis_unlocks(path, header, deadline):
         }
     tokens = [t for t in header.get("tokens", []) if t["type"] == "clevis"]
     network = any(t.get("clevis", {}).get("servers") for t in tokens)
+    drift = _pcr_drift(header) if any(t.get("clevis", {}).get("tpm2") for t in tokens) else {}
     slots = [s for t in tokens for s in t.get("keyslots", [])[:1] if isinstance(s, str) and s.isdigit()]
     size = core.luks.header_bytes(header)
     if size is None:
@@ -476,9 +477,21 @@ def _clevis_unlocks(path, header, deadline):
             errors.append(f"keyslot {slot}: {error}")
             continue
         if code == 0:
-            return {"tokens": len(tokens), "network": network, "unlocks": True, "error": None}
+            return {
+                "tokens": len(tokens),
+                "network": network,
+                "unlocks": True,
+                "error": None,
+                "pcr_drift": drift,
+            }
         errors.append(f"keyslot {slot}: {said}")
-    return {"tokens": len(tokens), "network": network, "unlocks": False, "error": "; ".join(errors) or None}
+    return {
+        "tokens": len(tokens),
+        "network": network,
+        "unlocks": False,
+        "error": "; ".join(errors) or None,
+        "pcr_drift": drift,
+    }
 
 
 def _clevis_pass(copy, slot, timeout):
@@ -508,6 +521,81 @@ def _clevis_pass(copy, slot, timeout):
         return None, f"no answer within {round(timeout)} s"
     said = " ".join(err.decode(errors="replace").split())[:300]
     return child.returncode, said or f"clevis exited {child.returncode}"
+
+
+TPM_SYSFS = "/sys/class/tpm/tpm0"
+
+
+def pcr_values(bank, pcr_ids):
+    """
+    The TPM2's PCR values now: ``{pcr id: lowercase hex}`` of ``pcr_ids`` in ``bank`` (sha256...),
+    read from sysfs (kernel 5.12 and later), else with ``tpm2_pcrread``. Reads only.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' hana_storage_host.pcr_values sha256 [7]
+    """
+    try:
+        ids = [int(i) for i in pcr_ids]
+    except (TypeError, ValueError):
+        raise CommandExecutionError(f"PCR ids are numbers 0 to 23, not {pcr_ids!r}") from None
+    if not all(0 <= i <= 23 for i in ids) or bank not in ("sha1", "sha256", "sha384", "sha512"):
+        raise CommandExecutionError(f"no PCR {ids} in a bank {bank!r}")
+    folder = f"{TPM_SYSFS}/pcr-{bank}"
+    if os.path.isdir(folder):
+        try:
+            values = {}
+            for pcr in ids:
+                with open(f"{folder}/{pcr}", encoding="ascii") as handle:
+                    values[pcr] = handle.read().strip().lower()
+            return values
+        except (OSError, UnicodeDecodeError) as error:
+            raise CommandExecutionError(f"the TPM's PCRs cannot be read from {folder}: {error}") from None
+    if not os.path.exists(TPM_SYSFS):
+        raise CommandExecutionError("this host has no TPM (no /sys/class/tpm/tpm0)")
+    if not ids:
+        return {}
+    out, error = _run(["tpm2_pcrread", f"{bank}:{','.join(map(str, ids))}"])
+    if error:
+        raise CommandExecutionError(f"tpm2_pcrread: {error}")
+    try:
+        listed = core.tpm.parse_pcrread(out).get(bank, {})
+    except core.tpm.PcrReadError as error:
+        raise CommandExecutionError(str(error)) from None
+    missing = [i for i in ids if i not in listed]
+    if missing:
+        raise CommandExecutionError(f"the TPM has no {bank} PCR {missing}")
+    return {i: listed[i] for i in ids}
+
+
+def pcr_drift(device):
+    """
+    For each Clevis TPM2 binding of the LUKS2 ``device`` that has the formula's PCR record: the
+    PCRs that changed since it was bound, ``{keyslot: [pcr ids]}``; ``{}`` when none has a record,
+    ``{"error"}`` when the TPM cannot be read. Reads only.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' hana_storage_host.pcr_drift /dev/sdb
+    """
+    return _pcr_drift(luks_header(device))
+
+
+def _pcr_drift(header):
+    wanted = {}
+    for token in header.get("tokens", []):
+        record = token.get("pcrs") if token.get("type") == core.tpm.PCR_TOKEN else None
+        if record and "error" not in record:
+            wanted.setdefault(record["pcr_bank"], set()).update(record["values"])
+    try:
+        current = {bank: pcr_values(bank, sorted(ids)) for bank, ids in wanted.items()}
+    except CommandExecutionError as error:
+        return {"error": str(error)}
+    return core.tpm.pcr_drift(header, current)
 
 
 def unit_enabled(unit):

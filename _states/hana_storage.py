@@ -696,29 +696,32 @@ def _removals_begun(name, header=None):
     return uuid, fingerprints, begun
 
 
-def tang_bound(name, key_file, tang, header_backup=None, previous_key_file=None):
+def clevis_bound(name, key_file, policy, header_backup=None, previous_key_file=None):
     """
-    The LUKS2 device ``name`` is bound by Clevis to exactly the Tang servers of ``tang`` (the
-    plan's ``key.tang``: servers with their thumbprints, threshold), in a keyslot of its own; the
-    keyslot of ``key_file`` (the recovery key) stays.
+    The LUKS2 device ``name`` is bound by Clevis to exactly the pillar's ``policy`` (the plan's
+    ``key.clevis``: Tang servers with their thumbprints and threshold, the host's TPM2 with its
+    PCR bank and PCRs, or both in one sss), in a keyslot of its own; the keyslot of ``key_file``
+    (the recovery key) stays.
 
-    A binding to the pillar's servers made with a signing key the pillar no longer names (Tang's
-    keys were rotated, HANA-KEY-004) is replaced: the new binding is made first, with the
-    server's advertisement checked against the pillar's thumbprint, then the old one is removed,
-    so that a run killed between the two leaves a device that opens either way. A device bound
-    to anything else is refused: removing that is for people to decide (HANA-KEY-003).
+    A binding to the pillar's policy that no longer opens is replaced: one made with a Tang
+    signing key the pillar no longer names (Tang's keys were rotated, HANA-KEY-004), and one
+    sealed to PCRs that changed since (the formula records a TPM2 binding's PCR values in a
+    token of its own, ``core.tpm.PCR_TOKEN``). The new binding is made first, then the old one
+    removed, so that a run killed between the two leaves a device that opens either way. A
+    device bound to anything else is refused: removing that is for people to decide
+    (HANA-KEY-003).
 
     ``header_backup``: the device's header backup (``header_backed_up``), made again once the
     keyslots changed; a backup HANA-KEY-007 says must be kept refuses the binding (nothing is
     changed: the header may have to be restored from it).
     """
     ret = _ret(name)
-    urls = [s["url"] for s in tang["servers"]]
+    wanted = core.rules.describe_policy(policy)
     try:
         header = __salt__["hana_storage_host.luks_header"](name)
     except CommandExecutionError as error:
         if __opts__["test"]:
-            return _would(ret, f"would bind {name} to {urls} once it is LUKS ({error})")
+            return _would(ret, f"would bind {name} to {wanted} once it is LUKS ({error})")
         return _done(ret, f"{name}: {error}", result=False)
     if header.get("degraded"):
         return _done(
@@ -728,39 +731,68 @@ def tang_bound(name, key_file, tang, header_backup=None, previous_key_file=None)
             "(cryptsetup luksHeaderBackup, then cryptsetup repair). Nothing was changed.",
             result=False,
         )
-    verdict = core.rules.tang_binding_verdict
     tokens = [t for t in header.get("tokens", []) if t["type"] == "clevis"]
     by_verdict = {"matches": [], "stale": [], "foreign": []}
     for token in tokens:
-        by_verdict[verdict(token["clevis"], tang)].append(token)
+        by_verdict[core.rules.binding_verdict(token["clevis"], policy)].append(token)
     if by_verdict["foreign"]:
         return _done(
             ret,
-            f"{name} has a Clevis binding that is not the pillar's ({urls}, threshold "
-            f"{tang['threshold']}): not binding beside it; check it, then clevis luks unbind it",
+            f"{name} has a Clevis binding that is not the pillar's ({wanted}): not binding beside it; "
+            "check it, then clevis luks unbind it",
             result=False,
         )
-    stale_slots = sorted(int(slot) for token in by_verdict["stale"] for slot in token["keyslots"])
-    if by_verdict["matches"] and not stale_slots:
-        return _done(ret, f"{name} is bound to {urls} (threshold {tang['threshold']})")
-    if header_backup:  # the backup is made again below: not over one that must be kept
-        _problem, keep = _backup_verdict(name, header, header_backup, key_file, previous_key_file, tang)
+    drift = {}
+    if policy["tpm2"] and by_verdict["matches"]:
+        drift = __salt__["hana_storage_host.pcr_drift"](name)
+        if "error" in drift:
+            return _done(ret, f"{name}: its TPM2 binding cannot be checked: {drift['error']}", result=False)
+    drifted = {slot: pcrs for slot, pcrs in drift.items() if pcrs}
+    current = [t for t in by_verdict["matches"] if not set(t["keyslots"]) & set(drifted)]
+    stale_slots = sorted(
+        int(slot)
+        for token in by_verdict["stale"] + [t for t in by_verdict["matches"] if t not in current]
+        for slot in token["keyslots"]
+    )
+    orphans = _orphan_pcr_tokens(header)
+    if current and not stale_slots and not orphans:
+        return _done(ret, f"{name} is bound to {wanted}")
+    if header_backup and (stale_slots or not current):  # the backup is made again below
+        _problem, keep = _backup_verdict(name, header, header_backup, key_file, previous_key_file, policy)
         if keep:
             return _done(ret, f"not binding {name}: {keep} Nothing was changed.", result=False)
-    bind = not by_verdict["matches"]
+    bind = not current
     if __opts__["test"]:
-        steps = ([f"bind {name} to {urls} (threshold {tang['threshold']})"] if bind else []) + (
-            [f"remove the binding made with a key the pillar no longer names (keyslots {stale_slots})"]
+        steps = ([f"bind {name} to {wanted}"] if bind else []) + (
+            [f"remove the binding that no longer opens (keyslots {stale_slots}: {_why_stale(drifted)})"]
             if stale_slots
             else []
+        )
+        steps += (
+            [f"remove {len(orphans)} PCR record(s) of bindings gone"] if orphans and not stale_slots else []
         )
         return _would(ret, "would " + ", then ".join(steps))
     changes = {}
     if bind:
-        ok, err = _run_clevis(core.commands.clevis_bind(name, key_file, tang))
+        before = {s for t in tokens for s in t["keyslots"]}
+        ok, err = _run_clevis(core.commands.clevis_bind(name, key_file, policy))
         if not ok:
             return _done(ret, f"clevis luks bind {name} failed: {err}", result=False)
-        changes["bound"] = {"servers": urls, "threshold": tang["threshold"]}
+        changes["bound"] = {
+            **(
+                {
+                    "servers": [s["url"] for s in policy["tang"]["servers"]],
+                    "threshold": policy["tang"]["threshold"],
+                }
+                if policy["tang"]
+                else {}
+            ),
+            **({"tpm2": policy["tpm2"]} if policy["tpm2"] else {}),
+        }
+        if policy["tpm2"]:
+            ok, err = _record_pcrs(name, before, policy["tpm2"])
+            if not ok:
+                return _done(ret, f"bound {name} to {wanted}, but {err}", result=False, **changes)
     for slot in stale_slots:
         ok, err = _run_clevis(core.commands.clevis_unbind(name, slot))
         if not ok:
@@ -768,9 +800,21 @@ def tang_bound(name, key_file, tang, header_backup=None, previous_key_file=None)
                 ret, f"clevis luks unbind {name} keyslot {slot} failed: {err}", result=False, **changes
             )
         changes.setdefault("unbound", {"keyslots": []})["keyslots"].append(slot)
-    comment = f"bound {name} to {urls}"
-    if header_backup:
-        ok, done = _back_up_header(name, header_backup, key_file, previous_key_file, tang)
+    for token_id in _orphan_pcr_tokens(__salt__["hana_storage_host.luks_header"](name)):
+        ok, err = _run(core.commands.luks_token_remove(name, token_id))
+        if not ok:
+            return _done(
+                ret,
+                f"removing the PCR record token {token_id} of {name} failed: {err}",
+                result=False,
+                **changes,
+            )
+        changes.setdefault("pcr_records_removed", []).append(token_id)
+    comment = f"bound {name} to {wanted}" if bind else f"{name} is bound to {wanted}"
+    if stale_slots:
+        comment += f"; removed the binding that no longer opened ({_why_stale(drifted)})"
+    if header_backup and (bind or stale_slots):
+        ok, done = _back_up_header(name, header_backup, key_file, previous_key_file, policy)
         if not ok:
             return _done(ret, f"{comment}, but {done}", result=False, **changes)
         changes["header_backup"] = header_backup
@@ -778,7 +822,53 @@ def tang_bound(name, key_file, tang, header_backup=None, previous_key_file=None)
     return _done(ret, comment, **changes)
 
 
-def header_backed_up(name, backup, key_file, previous_key_file=None, tang=None, formatted_by=None):
+def _why_stale(drifted):
+    if not drifted:
+        return "made with a Tang key the pillar no longer names"
+    return "; ".join(
+        f"keyslot {slot} sealed to {', '.join(f'PCR {i}' for i in pcrs)}, changed since"
+        for slot, pcrs in sorted(drifted.items())
+    )
+
+
+def _orphan_pcr_tokens(header):
+    """The ids of the formula's PCR record tokens whose Clevis binding is gone (clevis luks
+    unbind removes its keyslot and its own token, not ours)."""
+    bound = {s for t in header.get("tokens", []) if t["type"] == "clevis" for s in t["keyslots"]}
+    return [
+        t["id"]
+        for t in header.get("tokens", [])
+        if t["type"] == core.tpm.PCR_TOKEN and not set(t["keyslots"]) & bound
+    ]
+
+
+def _record_pcrs(device, before, tpm2):
+    """Record, in a token of the formula's own on the new Clevis keyslot (one not in ``before``),
+    the PCR values the binding just made was sealed to: (ok, error)."""
+    header = __salt__["hana_storage_host.luks_header"](device)
+    new = [
+        s for t in header.get("tokens", []) if t["type"] == "clevis" for s in t["keyslots"] if s not in before
+    ]
+    if len(new) != 1:
+        return False, f"the new Clevis keyslot cannot be told ({new}): its PCR values were not recorded"
+    try:
+        values = __salt__["hana_storage_host.pcr_values"](tpm2["pcr_bank"], tpm2["pcr_ids"])
+    except CommandExecutionError as error:
+        return False, f"its PCR values were not recorded: {error}"
+    _forget_reads()
+    result = __salt__["cmd.run_all"](
+        core.commands.luks_token_import(device),
+        python_shell=False,
+        output_loglevel="quiet",
+        ignore_retcode=True,
+        stdin=core.tpm.pcr_token(new[0], tpm2["pcr_bank"], values),
+    )
+    if result["retcode"]:
+        return False, f"recording its PCR values failed: {_brief(result['stderr'] or result['stdout'])}"
+    return True, None
+
+
+def header_backed_up(name, backup, key_file, previous_key_file=None, policy=None, formatted_by=None):
     """
     ``backup`` is a root-only ``cryptsetup luksHeaderBackup`` of the LUKS device ``name`` whose
     metadata is the live header's (hana_storage_host.header_backup; HANA-KEY-006).
@@ -787,7 +877,7 @@ def header_backed_up(name, backup, key_file, previous_key_file=None, tang=None, 
     copy as it loads it: the device is only read), written beside the old one, and renamed over it
     only once it is proven: the key in ``key_file`` opens it, and every keyslot of it is one the
     pillar accounts for (the key's, ``previous_key_file``'s while a key is rotated, those of the
-    Clevis bindings to ``tang``'s servers). Until then the old backup stays; a run killed at any
+    Clevis bindings to the pillar's ``policy``). Until then the old backup stays; a run killed at any
     point leaves one of the two.
 
     A backup whose device lost what it holds (another UUID, keyslots gone: HANA-KEY-007) is never
@@ -807,7 +897,7 @@ def header_backed_up(name, backup, key_file, previous_key_file=None, tang=None, 
                 ret, f"would back up the LUKS header of {name} to {backup} once it is LUKS ({error})"
             )
         return _done(ret, f"{name}: {error}", result=False)
-    problem, keep = _backup_verdict(name, live, backup, key_file, previous_key_file, tang, formatted_by)
+    problem, keep = _backup_verdict(name, live, backup, key_file, previous_key_file, policy, formatted_by)
     if problem is None:
         return _done(ret, f"{backup} is a current backup of the LUKS header of {name}")
     if keep:
@@ -816,29 +906,29 @@ def header_backed_up(name, backup, key_file, previous_key_file=None, tang=None, 
         return _would(
             ret, f"would back up the LUKS header of {name} to {backup} (the backup: {problem['text']})"
         )
-    ok, done = _back_up_header(name, backup, key_file, previous_key_file, tang)
+    ok, done = _back_up_header(name, backup, key_file, previous_key_file, policy)
     if not ok:
         return _done(ret, done, result=False)
     return _done(ret, f"{done} (the backup: {problem['text']})", header_backup=backup)
 
 
-def _backup_verdict(name, live, backup, key_file, previous_key_file, tang, formatted_by=None):
+def _backup_verdict(name, live, backup, key_file, previous_key_file, policy, formatted_by=None):
     """(what is wrong with ``backup`` of the live header ``live``, or None; why it must be kept
     as it is, or None). A backup whose device lost what it holds (HANA-KEY-007) is kept unless
     this run made that change itself: every state that writes a header backup asks here first."""
     fact = __salt__["hana_storage_host.header_backup"](backup)
     opens, retired = set(), set()
-    if fact.get("exists") and "error" not in fact and core.rules.lost_keyslots(fact, live, tang):
+    if fact.get("exists") and "error" not in fact and core.rules.lost_keyslots(fact, live, policy):
         # keyslots gone that may have lost no access (see core.rules.lost_keyslots): tried here
         if core.rules.rewritten_keyslots(fact, live):
             for key in _key_files(key_file, previous_key_file):
                 opens.update(_key_slots(name, key)["keyslots"])
         if _key_files(previous_key_file):
             retired.update(_key_slots(backup, previous_key_file)["keyslots"])
-    problem = core.rules.header_backup_problem(fact, live, tang, opens, retired)
+    problem = core.rules.header_backup_problem(fact, live, policy, opens, retired)
     if problem is None or problem["rule"] != "HANA-KEY-007":
         return problem, None
-    if _changed_in_this_run(name, problem, fact, live, formatted_by, tang):
+    if _changed_in_this_run(name, problem, fact, live, formatted_by, policy):
         return problem, None
     return problem, (
         f"not replacing the header backup {backup}: the LUKS header of {name} lost what it holds "
@@ -859,7 +949,7 @@ def _changed_by(state_id, change):
     return any(change in (r.get("changes") or {}) for r in _results_of(state_id))
 
 
-def _changed_in_this_run(device, problem, fact, live, formatted_by, tang=None):
+def _changed_in_this_run(device, problem, fact, live, formatted_by, policy=None):
     """Did this run itself make the change that sets ``device``'s header apart from its backup?"""
     running = (globals().get("__running__") or {}).values()
     if problem["code"] == "other_device":
@@ -871,7 +961,7 @@ def _changed_in_this_run(device, problem, fact, live, formatted_by, tang=None):
         for change in ("removed", "unbound")
         for slot in ((r.get("changes") or {}).get(change) or {}).get("keyslots", [])
     }
-    return set(core.rules.lost_keyslots(fact, live, tang)) <= removed
+    return set(core.rules.lost_keyslots(fact, live, policy)) <= removed
 
 
 def _backup_clash(backup, *key_files):
@@ -884,7 +974,7 @@ def _backup_clash(backup, *key_files):
     return None
 
 
-def _back_up_header(device, backup, key_file, previous_key_file=None, tang=None):
+def _back_up_header(device, backup, key_file, previous_key_file=None, policy=None):
     """Back ``device``'s LUKS header up to ``backup`` from a copy of it in memory, through a new
     file beside it that replaces the old one once it is proven (see header_backed_up): (ok, what
     was done or why not)."""
@@ -907,7 +997,7 @@ def _back_up_header(device, backup, key_file, previous_key_file=None, tang=None)
     new = f"{backup}.new"
     if os.path.lexists(new):
         os.unlink(new)  # left by a run killed before its rename: cryptsetup never writes over a file
-    ok, why = _make_proven_backup(device, new, key_file, previous_key_file, tang)
+    ok, why = _make_proven_backup(device, new, key_file, previous_key_file, policy)
     if not ok:
         if os.path.lexists(new):
             os.unlink(new)
@@ -916,7 +1006,7 @@ def _back_up_header(device, backup, key_file, previous_key_file=None, tang=None)
     return True, f"backed up the LUKS header of {device} to {backup}"
 
 
-def _make_proven_backup(device, new, key_file, previous_key_file, tang):
+def _make_proven_backup(device, new, key_file, previous_key_file, policy):
     """luksHeaderBackup of a copy of ``device``'s header to ``new``, then the proof: the backup
     is the live header's, the key opens it, no keyslot in it is one the pillar cannot account for.
     (ok, why not)."""
@@ -941,7 +1031,7 @@ def _make_proven_backup(device, new, key_file, previous_key_file, tang):
     # every passphrase keyslot must be accounted for: the pillar's Clevis bindings' and the key's;
     # while one keyslot is left beside the bindings it is the key's, proven above (one KDF run),
     # otherwise each is tried with the key and the previous key
-    clevis = core.rules.pillar_clevis_keyslots(live, tang)
+    clevis = core.rules.pillar_clevis_keyslots(live, policy)
     others = [
         str(k["id"]) for k in live["keyslots"] if k.get("kdf") is not None and str(k["id"]) not in clevis
     ]

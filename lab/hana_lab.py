@@ -197,6 +197,7 @@ class Lab:
         network=False,
         paths=1,
         cpu=None,
+        tpm=False,
     ):
         self.disks, self.disk_size = disks, disk_size
         # paths=2: every disk image is attached twice, both with the serial lun<N>, as a SAN LUN
@@ -208,6 +209,9 @@ class Lab:
         self.network = network  # user-mode networking: the host is 10.0.2.2 from the guest
         # QEMU's CPU model; virtme-ng's "max" emulates AES-NI, "max,aes=off" a CPU without it
         self.cpu = cpu
+        # a TPM 2.0 (swtpm, its state under the lab directory) behind QEMU's tpm-tis device: the
+        # guest's /dev/tpm0 and /dev/tpmrm0, as a vTPM (PowerVM, NitroTPM, Azure, GCP) gives a host
+        self.tpm, self.swtpm = tpm, None
         self.shared = self.workdir / "shared"
         self.console = self.workdir / "console.log"
         self.qmp = self.workdir / "qmp.sock"
@@ -269,6 +273,8 @@ class Lab:
         drives += f" -qmp unix:{self.qmp},server=on,wait=off"  # resize_disk: a LUN grown under the guest
         if self.cpu:
             drives += f" -cpu {self.cpu}"  # after virtme-ng's own -cpu: QEMU takes the last one
+        if self.tpm:
+            drives += self._start_tpm()
         cmd = [
             vng,
             "--run",
@@ -365,8 +371,45 @@ class Lab:
             pass
         pidfile.unlink(missing_ok=True)
 
+    def _start_tpm(self):
+        """Start swtpm for the guest's TPM 2.0 and return QEMU's options for it. The firmware
+        starts the TPM and measures the boot into its PCRs, as on a host; the state (keys, NV)
+        lives in the lab directory for the lab's life (a fresh lab, a new TPM)."""
+        if not shutil.which("swtpm"):
+            raise LabError("a lab TPM needs swtpm: run make deps (Debian packages swtpm, swtpm-tools)")
+        self._stop_tpm()  # a restarted guest: a new swtpm on the same state, as a power cycle
+        state, sock = self.workdir / "tpm", self.workdir / "swtpm.sock"
+        if self.fresh:
+            shutil.rmtree(state, ignore_errors=True)
+        state.mkdir(parents=True, exist_ok=True)
+        sock.unlink(missing_ok=True)
+        log = self.workdir / "swtpm.log"
+        self.swtpm = subprocess.Popen(
+            ["swtpm", "socket", "--tpm2", "--tpmstate", f"dir={state}", "--ctrl", f"type=unixio,path={sock}",
+             "--log", f"file={log},level=1"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while not sock.exists():
+            if self.swtpm.poll() is not None or time.monotonic() > deadline:
+                raise LabError(f"swtpm did not start (rc {self.swtpm.poll()}); read {log}")
+            time.sleep(0.1)
+        return f" -chardev socket,id=chrtpm,path={sock} -tpmdev emulator,id=tpm0,chardev=chrtpm -device tpm-tis,tpmdev=tpm0"
+
+    def _stop_tpm(self):
+        if self.swtpm is not None:
+            if self.swtpm.poll() is None:
+                self.swtpm.terminate()
+                try:
+                    self.swtpm.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    self.swtpm.kill()
+                    self.swtpm.wait()
+            self.swtpm = None
+
     def stop(self):
         if not self.proc:
+            self._stop_tpm()
             return
         self._command_times()
         self.stop_salt()
@@ -376,6 +419,7 @@ class Lab:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, 9)
             self.proc.wait()
+        self._stop_tpm()
         self._log.close()
         self.proc = None
         (self.workdir / "vm.pid").unlink(missing_ok=True)

@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(qemu-system-x86 linux-image-amd64 busybox-static cryptsetup-bin lvm2 xfsprogs dmsetup
-              fio util-linux fdisk kmod e2fsprogs prometheus redis-server openssl tang clevis clevis-luks clevis-systemd socat curl keyutils
+              fio util-linux fdisk kmod e2fsprogs prometheus redis-server openssl tang clevis clevis-luks clevis-systemd clevis-tpm2 tpm2-tools swtpm swtpm-tools socat curl keyutils
               openscap-scanner chromium)
 LINES=${SALT_LINES:-$(awk '!/^#/ && NF {print $1}' requirements/salt.in)}
 NEWEST=$(awk '!/^#/ && NF {line=$1} END {print line}' requirements/salt.in)

@@ -46,6 +46,7 @@ from . import (  # noqa: F401 - the package's modules, as core.<module> for its 
     stack,
     store,
     tab,
+    tpm,
     xfs,
 )
 

@@ -119,21 +119,51 @@ def luks_kill_slot(device, keyslot, key_file):
     return ["cryptsetup", "luksKillSlot", "--batch-mode", "--key-file", key_file, device, str(keyslot)]
 
 
-def clevis_config(tang):
-    """(pin, JSON config) of ``clevis luks bind`` for the plan's ``key.tang``: the tang pin for one
-    server, Shamir's sss over tang pins for several. Each server comes with its thumbprint, so
-    Clevis checks the advertisement's signature instead of asking whether to trust it."""
-    pins = [{"url": s["url"], "thp": s["thumbprint"]} for s in tang["servers"]]
-    if len(pins) == 1 and tang["threshold"] == 1:
-        return "tang", json.dumps(pins[0], sort_keys=True)
-    return "sss", json.dumps({"t": tang["threshold"], "pins": {"tang": pins}}, sort_keys=True)
+def clevis_config(policy):
+    """(pin, config) of ``clevis luks bind`` for the plan's ``key.clevis`` (pillar.clevis_policy).
+    Tang: the tang pin for one server, Shamir's sss over tang pins for several; each server comes
+    with its thumbprint, so Clevis checks the advertisement's signature instead of asking whether
+    to trust it. TPM2: the tpm2 pin sealed to the PCRs named. Both: an sss needing both shares,
+    the TPM2's and the Tang part's (the disk opens on this machine inside this network only)."""
+    pins = {}
+    if policy["tang"]:
+        tang = policy["tang"]
+        servers = [{"url": s["url"], "thp": s["thumbprint"]} for s in tang["servers"]]
+        if len(servers) == 1 and tang["threshold"] == 1:
+            pins["tang"] = servers[0]
+        else:
+            pins["sss"] = {"t": tang["threshold"], "pins": {"tang": servers}}
+    if policy["tpm2"]:
+        tpm2 = {"pcr_bank": policy["tpm2"]["pcr_bank"]}
+        if policy["tpm2"]["pcr_ids"]:
+            tpm2["pcr_ids"] = ",".join(str(i) for i in policy["tpm2"]["pcr_ids"])
+        pins["tpm2"] = tpm2
+    if len(pins) == 1:
+        [(pin, config)] = pins.items()
+        return pin, json.dumps(config, sort_keys=True)
+    return "sss", json.dumps({"t": len(pins), "pins": pins}, sort_keys=True)
 
 
-def clevis_bind(device, key_file, tang):
-    """Bind ``device`` to the Tang servers with a new keyslot; ``key_file`` (an existing
+def clevis_bind(device, key_file, policy):
+    """Bind ``device`` to the Clevis ``policy`` with a new keyslot; ``key_file`` (an existing
     keyslot's key) is named, never passed. No ``-y``: nothing is trusted without a thumbprint."""
-    pin, config = clevis_config(tang)
+    pin, config = clevis_config(policy)
     return ["clevis", "luks", "bind", "-d", device, "-k", key_file, pin, config]
+
+
+def clevis_decrypt():
+    """Decrypt the compact JWE on stdin (one pin's share, e.g. a TPM2 unseal); the secret goes
+    to stdout, which the caller discards: only whether it decrypts matters."""
+    return ["clevis", "decrypt"]
+
+
+def luks_token_import(device):
+    """Add the LUKS2 token read from stdin (JSON) to ``device``'s header."""
+    return ["cryptsetup", "token", "import", device]
+
+
+def luks_token_remove(device, token_id):
+    return ["cryptsetup", "token", "remove", "--token-id", str(token_id), device]
 
 
 def clevis_unbind(device, keyslot):

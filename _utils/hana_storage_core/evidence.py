@@ -112,7 +112,14 @@ def _binding(token):
             {"url": s.get("url"), "thumbprints": list(s.get("thumbprints", []))}
             for s in clevis.get("servers", [])
         ],
+        "tpm2": _tpm2(clevis.get("tpm2")),
     }
+
+
+def _tpm2(policy):
+    if not isinstance(policy, dict):
+        return None
+    return {"pcr_bank": policy.get("pcr_bank"), "pcr_ids": list(policy.get("pcr_ids") or [])}
 
 
 def _key_state(volume, facts, devices):
@@ -135,7 +142,7 @@ def _key_state(volume, facts, devices):
             problem = rule_table.header_backup_problem(
                 backup,
                 header,
-                key.get("tang") if key.get("source") == "tang" else None,
+                key.get("clevis"),
                 slots.get("live_opens", []),
                 slots.get("retired", []),
             )
@@ -174,8 +181,9 @@ def _key_state(volume, facts, devices):
         "rotating": bool(key.get("previous")),
         "tang": [
             {"url": s.get("url"), "thumbprint": s.get("thumbprint")}
-            for s in ((key.get("tang") or {}).get("servers") or [])
+            for s in (((key.get("clevis") or {}).get("tang") or {}).get("servers") or [])
         ],
+        "tpm2": _tpm2((key.get("clevis") or {}).get("tpm2")),
         "devices": crypts,
     }
 
@@ -628,7 +636,27 @@ SCHEMA = {
                         },
                     },
                 },
+                "tpm2": {"$ref": "#/$defs/tpm2"},
             },
+        },
+        "tpm2": {
+            "description": "a TPM2 policy: the PCR bank and the PCRs a key is sealed to (null: no TPM2)",
+            "oneOf": [
+                {"type": "null"},
+                {
+                    "type": "object",
+                    "required": ["pcr_bank", "pcr_ids"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "pcr_bank": _OPTIONAL_NAME,
+                        "pcr_ids": {
+                            "type": "array",
+                            "maxItems": 24,
+                            "items": {"type": "integer", "minimum": 0, "maximum": 23},
+                        },
+                    },
+                },
+            ],
         },
         "keys": {
             "description": "the state of a volume's keys",
@@ -636,7 +664,7 @@ SCHEMA = {
             "required": ["source", "key_file", "rotating", "tang", "devices"],
             "additionalProperties": False,
             "properties": {
-                "source": {"enum": ["keyfile", "pillar", "tang", None]},
+                "source": {"enum": ["keyfile", "pillar", "tang", "tpm2", None]},
                 "key_file": {
                     "oneOf": [
                         {"type": "null"},
@@ -665,6 +693,7 @@ SCHEMA = {
                         "properties": {"url": _NAME, "thumbprint": _OPTIONAL_NAME},
                     },
                 },
+                "tpm2": {"$ref": "#/$defs/tpm2"},
                 "devices": {
                     "type": "array",
                     "maxItems": 64,
@@ -955,16 +984,30 @@ def _evidence(evidence):
     return f"<pre>{_e(chr(10).join(lines))}</pre>" if lines else "-"
 
 
+def _tpm2_text(policy):
+    ids = ",".join(str(i) for i in policy.get("pcr_ids") or [])
+    return f"TPM2 {policy.get('pcr_bank')}:{ids}" if ids else "TPM2 (no PCR)"
+
+
 def _keys(hosts):
     rows = []
     for name, host in hosts.items():
         for volume, keys in (host.get("keys") or {}).items():
             key_file = keys.get("key_file") or {}
-            tang = "; ".join(f"{s['url']} ({s['thumbprint']})" for s in keys.get("tang", [])) or "-"
+            tang = (
+                "; ".join(
+                    [f"{s['url']} ({s['thumbprint']})" for s in keys.get("tang", [])]
+                    + ([_tpm2_text(keys["tpm2"])] if keys.get("tpm2") else [])
+                )
+                or "-"
+            )
             for device in keys.get("devices") or [{}]:
                 backup = device.get("header_backup") or {}
                 bindings = "; ".join(
-                    ", ".join(f"{s['url']} {'/'.join(s['thumbprints'])}" for s in b["servers"])
+                    ", ".join(
+                        [f"{s['url']} {'/'.join(s['thumbprints'])}" for s in b["servers"]]
+                        + ([_tpm2_text(b["tpm2"])] if b.get("tpm2") else [])
+                    )
                     for b in device.get("clevis", [])
                 )
                 rows.append(

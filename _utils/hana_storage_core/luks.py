@@ -17,6 +17,8 @@ import hashlib
 import json
 import struct
 
+from . import tpm
+
 MAGIC_PRIMARY = b"LUKS\xba\xbe"
 MAGIC_SECONDARY = b"SKUL\xba\xbe"
 BINARY_HEADER_SIZE = 4096
@@ -290,6 +292,8 @@ def _summarise(copy):
         }
         if token["type"] == "clevis":
             token["clevis"] = clevis_binding(tok)
+        elif token["type"] == tpm.PCR_TOKEN:
+            token["pcrs"] = tpm.pcr_record(tok)
         tokens.append(token)
     config = meta["config"]
     flags = config.get("flags", [])
@@ -339,28 +343,72 @@ def _summarise(copy):
 
 
 def clevis_binding(token):
-    """What a Clevis token binds to, from its JWE's protected header (never its ciphertext):
-    ``{"pin", "threshold", "servers": [{"url", "thumbprints", "kid"}]}``, or ``{"error"}``.
+    """What a Clevis token binds to, from its JWE's protected header (never its ciphertext nor
+    a TPM2's sealed objects): ``{"pin", "threshold", "servers": [{"url", "thumbprints", "kid"}],
+    "tpm2": {"pcr_bank", "pcr_ids"} or None}``, or ``{"error"}``. ``threshold`` and ``servers``
+    are the Tang part's (0 and [] without Tang); ``tpm2`` the TPM2 share's.
+
+    The policies read are those the formula makes (commands.clevis_config): one tang or tpm2
+    pin; sss over tang pins; sss needing both a tpm2 share and a Tang part (a tang pin or an sss
+    over tang pins). Any other is an error: a binding the formula cannot compare.
 
     A server's ``thumbprints`` are the RFC 7638 thumbprints (SHA-256 and SHA-1, base64url) of
     the signing keys its advertisement had at binding time; ``kid`` is the exchange key's.
     """
     try:
         header = _protected_header(token["jwe"]["protected"])
-        clevis = header["clevis"]
-        if clevis["pin"] == "tang":
-            return {"pin": "tang", "threshold": 1, "servers": [_tang_server(clevis["tang"], header)]}
-        if clevis["pin"] == "sss":
-            servers = []
-            for compact in clevis["sss"]["jwe"]:
-                inner = _protected_header(compact.split(".")[0])
-                if inner["clevis"]["pin"] != "tang":
-                    return {"error": f"an sss share uses the {inner['clevis']['pin']!r} pin, not tang"}
-                servers.append(_tang_server(inner["clevis"]["tang"], inner))
-            return {"pin": "sss", "threshold": int(clevis["sss"]["t"]), "servers": servers}
-        return {"error": f"pin {clevis['pin']!r} is not tang or sss"}
+        pin = header["clevis"]["pin"]
+        tang, tpm2 = _clevis_policy(header)
+        if tpm2 is None and tang is None:
+            raise ValueError("no pin")
+        return {
+            "pin": pin,
+            "threshold": tang["threshold"] if tang else 0,
+            "servers": tang["servers"] if tang else [],
+            "tpm2": tpm2,
+        }
+    except ClevisPolicyError as error:
+        return {"error": str(error)}
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         return {"error": f"unreadable Clevis token: {type(error).__name__}: {error}"}
+
+
+class ClevisPolicyError(ValueError):
+    """A Clevis binding of a shape the formula does not make."""
+
+
+def _clevis_policy(header):
+    """(Tang part {"threshold", "servers"} or None, TPM2 part or None) of one pin's header."""
+    clevis = header["clevis"]
+    pin = clevis["pin"]
+    if pin == "tang":
+        return {"threshold": 1, "servers": [_tang_server(clevis["tang"], header)]}, None
+    if pin == "tpm2":
+        return None, _tpm2_policy(clevis["tpm2"])
+    if pin != "sss":
+        raise ClevisPolicyError(f"pin {pin!r} is not tang, tpm2 or sss")
+    threshold = int(clevis["sss"]["t"])
+    shares = [_clevis_policy(_protected_header(compact.split(".")[0])) for compact in clevis["sss"]["jwe"]]
+    if all(tang and not tpm2 and tang["threshold"] == 1 for tang, tpm2 in shares):
+        return {"threshold": threshold, "servers": [s for tang, _ in shares for s in tang["servers"]]}, None
+    tpm2_shares = [tpm2 for tang, tpm2 in shares if tpm2 and not tang]
+    tang_shares = [tang for tang, tpm2 in shares if tang and not tpm2]
+    if len(shares) == 2 and threshold == 2 and len(tpm2_shares) == 1 and len(tang_shares) == 1:
+        return tang_shares[0], tpm2_shares[0]
+    raise ClevisPolicyError(
+        f"an sss policy (threshold {threshold} of {len(shares)} shares) the formula does not make"
+    )
+
+
+def _tpm2_policy(tpm2):
+    ids = tpm2.get("pcr_ids", "")
+    if isinstance(ids, list):
+        ids = ",".join(str(i) for i in ids)
+    pcr_ids = sorted(int(i) for i in str(ids).split(",") if i.strip())
+    bank = tpm2.get("pcr_bank", "sha1")  # Clevis' own default before it chose by the TPM
+    if not isinstance(bank, str) or not all(0 <= i <= 23 for i in pcr_ids):
+        raise ValueError(f"a tpm2 pin's PCRs: {bank!r} {pcr_ids!r}")
+    return {"pcr_bank": bank, "pcr_ids": pcr_ids}
 
 
 def _protected_header(text):

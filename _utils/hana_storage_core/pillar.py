@@ -53,6 +53,10 @@ SYSTEM_PATHS = frozenset(
 STRIPE_MIN_KIB = 4
 STRIPE_MAX_KIB = 4096
 MIN_KEY_BYTES = 32
+# key sources Clevis unlocks at boot (Tang servers, the host's TPM2 or both): no key file of their
+# own, a recovery key in a keyslot beside the binding
+CLEVIS_SOURCES = ("tang", "tpm2")
+DEFAULT_PCR_BANK = "sha256"
 # mkfs options that would bypass the data-loss guard or fight the stripe alignment done here.
 FORBIDDEN_MKFS = {
     "-f": "would overwrite an existing filesystem; use allow_format instead",
@@ -247,9 +251,9 @@ def _setting(config, volume_name, key):
 
 
 def _key_paths(key, where):
-    """[(a key file's path or None, its key path)]: the key's and its previous key's; a Tang
-    key's files are its recovery key's."""
-    if key.get("source") == "tang" and isinstance(key.get("recovery"), dict):
+    """[(a key file's path or None, its key path)]: the key's and its previous key's; a Clevis
+    key's (Tang, TPM2) files are its recovery key's."""
+    if key.get("source") in CLEVIS_SOURCES and isinstance(key.get("recovery"), dict):
         return _key_paths(key["recovery"], (*where, "recovery"))
     paths = [(key.get("path"), (*where, "path"))]
     if isinstance(key.get("previous"), dict):
@@ -290,12 +294,21 @@ def _previous_key_errors(key, previous, where):
 
 def _key_errors(key, where):
     errors = []
-    if key.get("source") == "tang":
+    source = key.get("source")
+    if source in CLEVIS_SOURCES:
         for field in ("path", "material", "previous"):
             if field in key:
                 errors.append(
-                    f"{keypath(*where, field)}: not used with source tang (the recovery key has its own)"
+                    f"{keypath(*where, field)}: not used with source {source} (the recovery key has its own)"
                 )
+        if source == "tpm2":
+            for field in ("servers", "threshold"):
+                if field in key:
+                    errors.append(
+                        f"{keypath(*where, field)}: only used with source tang (Tang and the TPM2 "
+                        "together: source tang with a tpm2 policy)"
+                    )
+            return errors + _key_errors(key["recovery"], (*where, "recovery"))
         servers = key.get("servers", [])
         threshold = key.get("threshold", 1)
         if threshold > len(servers):
@@ -323,9 +336,9 @@ def _key_errors(key, where):
         errors.append(
             f"{keypath(*where, 'material')}: not used with source keyfile; remove it from the pillar"
         )
-    for field in ("servers", "threshold", "recovery"):
+    for field in ("servers", "threshold", "recovery", "tpm2"):
         if field in key:
-            errors.append(f"{keypath(*where, field)}: only used with source tang")
+            errors.append(f"{keypath(*where, field)}: only used with source tang or tpm2")
     if isinstance(key.get("previous"), dict):
         errors += _previous_key_errors(key, key["previous"], (*where, "previous"))
     return errors
@@ -687,7 +700,7 @@ def key_file(key, volume_name=None, previous=False):
     ``previous``: where the key being rotated away lives. A pillar key's file is named after
     its owner: ``hana`` for the default key, ``volume-<name>`` for a volume's own (no volume
     name has a hyphen, so none can take the default key's file)."""
-    if key["source"] == "tang":
+    if key["source"] in CLEVIS_SOURCES:
         return key_file(key["recovery"], volume_name, previous)
     secret = key["previous"] if previous else key
     if secret["source"] == "pillar":
@@ -703,10 +716,31 @@ def key_owner(volume_name=None):
     return f"volume-{volume_name}" if volume_name else "hana"
 
 
-# What each key source puts in crypttab's key field and options: a key file unlocks at boot; a
-# pillar key lives on ramfs and is there only once Salt wrote it (no unlock or mount at boot); a
-# Tang volume unlocks at boot through Clevis once the network is up (no key file).
-AT_BOOT = {"keyfile": [], "pillar": ["noauto"], "tang": ["_netdev"]}
+# What each key source puts in crypttab's options: a key file unlocks at boot; a pillar key lives
+# on ramfs and is there only once Salt wrote it (no unlock or mount at boot); a Tang volume
+# unlocks at boot through Clevis once the network is up; a TPM2 volume through Clevis as soon as
+# its device is there (key field none for both: Clevis's password agent answers).
+AT_BOOT = {"keyfile": [], "pillar": ["noauto"], "tang": ["_netdev"], "tpm2": []}
+
+
+def clevis_policy(key):
+    """What a Clevis key's binding must be: {"tang": {"servers", "threshold"} or None, "tpm2":
+    {"pcr_bank", "pcr_ids"} or None}; both: the disk opens only when the TPM2 and the Tang
+    threshold both answer. None for a key Clevis does not unlock."""
+    if key["source"] not in CLEVIS_SOURCES:
+        return None
+    tang = tpm2 = None
+    if key["source"] == "tang":
+        tang = {
+            "servers": [{"url": s["url"], "thumbprint": s["thumbprint"]} for s in key["servers"]],
+            "threshold": key.get("threshold", 1),
+        }
+    if "tpm2" in key:
+        tpm2 = {
+            "pcr_bank": key["tpm2"].get("pcr_bank", DEFAULT_PCR_BANK),
+            "pcr_ids": sorted(key["tpm2"].get("pcr_ids", [])),
+        }
+    return {"tang": tang, "tpm2": tpm2}
 
 
 def _volume_key(name, raw, config):
@@ -715,26 +749,23 @@ def _volume_key(name, raw, config):
     own = "key" in raw
     key = raw["key"] if own else config["key"]
     where = ("volumes", name, "key") if own else ("key",)
-    secret, secret_at = (key["recovery"], (*where, "recovery")) if key["source"] == "tang" else (key, where)
+    clevis = key["source"] in CLEVIS_SOURCES
+    secret, secret_at = (key["recovery"], (*where, "recovery")) if clevis else (key, where)
     planned = {
         "id": key_owner(name) if own else "default",  # one key state per distinct key
         "source": key["source"],
         "file": key_file(key, name if own else None),
         "store": secret["source"],  # where the key file comes from: a key store or the pillar
         "pillar": keypath(*secret_at, "material"),
-        "crypttab": "none" if key["source"] == "tang" else key_file(key, name if own else None),
+        "crypttab": "none" if clevis else key_file(key, name if own else None),
         "previous": None,
+        "clevis": clevis_policy(key),
     }
     if "previous" in secret:  # a rotation: the key being rotated away, still opening the devices
         planned["previous"] = {
             "file": key_file(key, name if own else None, previous=True),
             "store": secret["previous"]["source"],
             "pillar": keypath(*secret_at, "previous", "material"),
-        }
-    if key["source"] == "tang":
-        planned["tang"] = {
-            "servers": [{"url": s["url"], "thumbprint": s["thumbprint"]} for s in key["servers"]],
-            "threshold": key.get("threshold", 1),
         }
     return planned
 

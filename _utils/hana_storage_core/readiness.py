@@ -7,10 +7,11 @@ path systemd will take opens it now:
 - its device is there (a ``UUID=`` that a device carries, a path that exists);
 - a key file (the line's, or systemd's /etc/cryptsetup-keys.d/<name>.key for key ``none``): it
   exists and opens a keyslot of the device (tried on a copy of the header);
-- no key file, with Clevis tokens: Clevis's password agent (``clevis-luks-askpass.path``) and
-  ``remote-cryptsetup.target`` enabled, ``_netdev`` on the line when a token asks Tang (the
-  network), and Clevis unlocks a keyslot now, which asks the Tang servers (or the TPM) as the
-  boot will;
+- no key file, with Clevis tokens: Clevis's password agent (``clevis-luks-askpass.path``)
+  enabled, and when a token asks Tang (the network) ``remote-cryptsetup.target`` enabled and
+  ``_netdev`` on the line; and Clevis unlocks a keyslot now, which asks the Tang servers and the
+  TPM as the boot will. A TPM2 binding that fails is told by the PCRs that changed since it was
+  bound (the formula's record of them);
 - no key file and no Clevis token: systemd asks a person at the console, so it is not ready.
 
 Lines of throw-away devices (swap, tmp, plain with a random key) need only their device. A line
@@ -20,7 +21,9 @@ not stop the boot when it fails (``blocks_boot`` False), but its volume stays lo
 Each problem is a code (``PROBLEMS``) with the cause and the fix in words.
 """
 
-ASKPASS_UNITS = ("clevis-luks-askpass.path", "remote-cryptsetup.target")
+ASKPASS_UNIT = "clevis-luks-askpass.path"
+NETWORK_UNIT = "remote-cryptsetup.target"  # what orders _netdev lines after the network
+ASKPASS_UNITS = (ASKPASS_UNIT, NETWORK_UNIT)
 # `systemctl is-enabled` answers that hold across a reboot; it exits 0 for enabled-runtime too
 # (a link under /run, gone at the next boot)
 ENABLED_FOR_GOOD = ("enabled", "static", "alias", "generated")
@@ -77,6 +80,17 @@ PROBLEMS = {
     "noauto": (
         "the pillar's {name} opens at boot (its key: {source}), but its line has noauto: the boot skips it",
         "state.apply hana.storage writes the line without noauto (hana_storage.audit names it: HANA-PERSIST-001)",
+    ),
+    "pcr_changed": (
+        "the TPM2 binding of keyslot {keyslot} is sealed to PCRs that changed since it was bound: {pcrs}",
+        "if the change was planned (firmware, Secure Boot keys, boot loader), state.apply hana.storage binds "
+        "again to the PCRs as they are now with the recovery key and removes the old binding; if not, find out "
+        "what changed the boot chain before anything else",
+    ),
+    "tpm_unreadable": (
+        "the TPM's PCRs cannot be read: {error}",
+        "check the TPM (ls /dev/tpmrm0; tpm2_pcrread); a vTPM that was removed is a new TPM: bind again with "
+        "the recovery key (state.apply hana.storage)",
     ),
     "clevis_fails": (
         "Clevis unlocks no keyslot now: {error}",
@@ -162,13 +176,14 @@ def line_verdict(line, facts):
             found.append(problem("no_unattended_unlock"))
     else:
         units = facts.get("units") or {}
-        for unit in ASKPASS_UNITS:
+        for unit in ASKPASS_UNITS if clevis.get("network") else (ASKPASS_UNIT,):
             state = units.get(unit) or "unknown"
             if state not in ENABLED_FOR_GOOD:
                 found.append(problem("askpass_disabled", unit=unit, state=state))
         if clevis.get("network") and "_netdev" not in line["options"]:
             found.append(problem("no_netdev"))
         if not clevis.get("unlocks"):
+            found += _tpm_problems(clevis.get("pcr_drift") or {})
             found.append(
                 problem(
                     "clevis_fails",
@@ -178,6 +193,17 @@ def line_verdict(line, facts):
             )
     verdict["ready"] = not found
     return verdict
+
+
+def _tpm_problems(drift):
+    """Why a TPM2 binding fails, from the PCR drift (hana_storage_host.pcr_drift)."""
+    if "error" in drift:
+        return [problem("tpm_unreadable", error=drift["error"])]
+    return [
+        problem("pcr_changed", keyslot=slot, pcrs=", ".join(f"PCR {i}" for i in changed))
+        for slot, changed in sorted(drift.items())
+        if changed
+    ]
 
 
 def verdict(lines, facts, plan=None):

@@ -74,13 +74,13 @@ FS_GROWN = Fix(
     {"name": "volume.mountpoint", "device": "volume.fs_device"},
     needs="mounted",  # xfs_growfs grows a mounted filesystem only
 )
-TANG_BINDING = Fix(
-    "hana_storage.tang_bound",
+CLEVIS_BINDING = Fix(
+    "hana_storage.clevis_bound",
     "crypt",
     {
         "name": "crypt.device",
         "key_file": "volume.key.file",
-        "tang": "volume.key.tang",
+        "policy": "volume.key.clevis",
         "header_backup": "crypt.header_backup",
         "previous_key_file": "volume.key.previous.file",
     },
@@ -93,7 +93,7 @@ HEADER_BACKUP = Fix(
         "backup": "crypt.header_backup",
         "key_file": "volume.key.file",
         "previous_key_file": "volume.key.previous.file",
-        "tang": "volume.key.tang",
+        "policy": "volume.key.clevis",
     },
 )
 KEY_FILE = Fix(
@@ -283,21 +283,21 @@ RULES = {
     ),
     "HANA-KEY-002": Rule(
         "high",
-        "a device of a Tang volume has no Clevis binding",
-        TANG_BINDING,
-        rationale="The volume does not unlock at boot from the key servers, only with the recovery key.",
+        "a device of a Tang or TPM2 volume has no Clevis binding",
+        CLEVIS_BINDING,
+        rationale="The volume does not unlock at boot from the key servers or the TPM, only with the recovery key.",
         controls=(*KEYS, "PCI-3.7.2"),
     ),
     "HANA-KEY-003": Rule(
         "high",
-        "a Clevis binding names other Tang servers or another threshold than the pillar",
+        "a Clevis binding names other Tang servers, another threshold or other TPM2 PCRs than the pillar",
         rationale="A binding the pillar does not name is a way to the key outside the key store.",
         controls=(*KEYS, "PCI-3.7.7"),
     ),
     "HANA-KEY-004": Rule(
         "medium",
         "a Clevis binding was made with a Tang signing key the pillar no longer names",
-        TANG_BINDING,
+        CLEVIS_BINDING,
         rationale="After the Tang server's keys were rotated, the binding still depends on the retired key.",
         controls=(*KEYS, "PCI-3.7.4"),
     ),
@@ -351,16 +351,23 @@ def auto_rules():
     return [rule for rule, r in RULES.items() if r.fix]
 
 
-def tang_binding_verdict(binding, tang):
-    """How a Clevis binding (hana_storage_luks.clevis_binding) stands to the pillar's ``tang``:
+def binding_verdict(binding, policy):
+    """How a Clevis binding (core.luks.clevis_binding) stands to the pillar's ``policy`` (the
+    plan's key.clevis: its Tang part and its TPM2 part):
 
-    - ``matches``: exactly the pillar's servers (by URL) and threshold, each made with the signing
-      key the pillar names (its thumbprint is one of the key's, SHA-256 or SHA-1);
-    - ``stale``: the pillar's servers and threshold, but made with a signing key the pillar no
-      longer names - what rotating a Tang server's keys, then the pillar's thumbprints, leaves
-      behind. Binding again checks the server's advertisement against the pillar's thumbprint;
-    - ``foreign``: other servers, another threshold, another pin, or unreadable."""
-    if "error" in binding or binding["threshold"] != tang["threshold"]:
+    - ``matches``: exactly the pillar's TPM2 PCR bank and PCRs (or no TPM2), and exactly its Tang
+      servers (by URL) and threshold, each made with the signing key the pillar names (its
+      thumbprint is one of the key's, SHA-256 or SHA-1), or no Tang;
+    - ``stale``: all that, but made with a Tang signing key the pillar no longer names - what
+      rotating a Tang server's keys, then the pillar's thumbprints, leaves behind. Binding again
+      checks the server's advertisement against the pillar's thumbprint;
+    - ``foreign``: other servers, another threshold, other PCRs, another pin, or unreadable."""
+    if "error" in binding or binding.get("tpm2") != policy["tpm2"]:
+        return "foreign"
+    tang = policy["tang"]
+    if tang is None:
+        return "foreign" if binding["servers"] else "matches"
+    if binding["threshold"] != tang["threshold"]:
         return "foreign"
     if sorted(s["url"] for s in binding["servers"]) != sorted(s["url"] for s in tang["servers"]):
         return "foreign"
@@ -376,11 +383,28 @@ def tang_binding_verdict(binding, tang):
     return "matches"
 
 
-def tang_binding_matches(binding, tang):
-    return tang_binding_verdict(binding, tang) == "matches"
+def describe_policy(policy):
+    """A Clevis policy (the plan's key.clevis) in words."""
+    parts = []
+    if policy["tpm2"]:
+        ids = policy["tpm2"]["pcr_ids"]
+        pcrs = f"PCRs {', '.join(map(str, ids))} ({policy['tpm2']['pcr_bank']})" if ids else "no PCR"
+        parts.append(f"this host's TPM2 with {pcrs}")
+    if policy["tang"]:
+        urls = [s["url"] for s in policy["tang"]["servers"]]
+        parts.append(f"{policy['tang']['threshold']} of the Tang servers {urls}")
+    return " and ".join(parts)
 
 
-def header_backup_problem(fact, header, tang=None, key_opens=(), retired=()):
+def describe_binding(binding):
+    """A Clevis binding (core.luks.clevis_binding) in the words of describe_policy."""
+    if "error" in binding:
+        return binding["error"]
+    tang = {"threshold": binding["threshold"], "servers": binding["servers"]} if binding["servers"] else None
+    return describe_policy({"tang": tang, "tpm2": binding.get("tpm2")}) or "nothing"
+
+
+def header_backup_problem(fact, header, policy=None, key_opens=(), retired=()):
     """What is wrong with a header backup (hana_storage_host.header_backup) of the live LUKS
     ``header``: None, or {"code", "text", "rule"}.
 
@@ -390,8 +414,8 @@ def header_backup_problem(fact, header, tang=None, key_opens=(), retired=()):
     may be the only way back): ``other_device`` (another UUID: a stray luksFormat) or
     ``keyslots_lost`` (keyslots the backup holds are gone from the header: erased, killed or
     overwritten, or removed on purpose by a rotation killed before its new backup). A lost
-    keyslot of a Clevis binding to the pillar's ``tang`` servers loses no access (the recovery
-    key's keyslot holds the key): binding again restores it, so it is ``stale``."""
+    keyslot of a Clevis binding to the pillar's ``policy`` loses no access (the recovery key's
+    keyslot holds the key): binding again restores it, so it is ``stale``."""
     if not fact["exists"]:
         return {"code": "missing", "text": "none", "rule": "HANA-KEY-006"}
     if "error" in fact:
@@ -402,7 +426,7 @@ def header_backup_problem(fact, header, tang=None, key_opens=(), retired=()):
             "text": f"the header of another LUKS device (UUID {fact['uuid']}; the device's is {header['uuid']})",
             "rule": "HANA-KEY-007",
         }
-    lost = lost_keyslots(fact, header, tang, key_opens, retired)
+    lost = lost_keyslots(fact, header, policy, key_opens, retired)
     if lost:
         return {
             "code": "keyslots_lost",
@@ -425,18 +449,18 @@ def header_backup_problem(fact, header, tang=None, key_opens=(), retired=()):
     return None
 
 
-def lost_keyslots(fact, header, tang=None, key_opens=(), retired=()):
+def lost_keyslots(fact, header, policy=None, key_opens=(), retired=()):
     """The ids (in the backup) of the keyslots a header backup holds that the live ``header``
     lacks, but for those that lost no access:
 
-    * the backup's Clevis bindings to the pillar's ``tang`` servers (binding again restores them);
+    * the backup's Clevis bindings to the pillar's ``policy`` (binding again restores them);
     * a keyslot rewritten in place (the same id, a new salt: ``luksConvertKey``) that the volume's
       key opens (``key_opens``: the live header's keyslot ids it opens); one rewritten with
       another passphrase (``luksChangeKey`` of someone else's) did lose access;
     * a keyslot of the key a rotation retires (``retired``: the backup's keyslot ids the pillar's
       previous key opens), removed by a rotation killed before its new backup."""
     live = {k.get("fingerprint") for k in header.get("keyslots", [])}
-    kept = pillar_clevis_keyslots({"tokens": fact.get("tokens", [])}, tang)
+    kept = pillar_clevis_keyslots({"tokens": fact.get("tokens", [])}, policy)
     kept |= set(rewritten_keyslots(fact, header)) & {str(k) for k in key_opens}
     kept |= {str(k) for k in retired}
     return [
@@ -456,16 +480,16 @@ def rewritten_keyslots(fact, header):
     ]
 
 
-def pillar_clevis_keyslots(header, tang):
-    """Keyslots of the Clevis bindings to the pillar's Tang servers (``tang``: the plan's
-    key.tang, or None): their passphrase is 32 random bytes made by Clevis, accounted for like the
-    key's. A binding to anything else (``foreign``) is not."""
-    if not tang:
+def pillar_clevis_keyslots(header, policy):
+    """Keyslots of the Clevis bindings to the pillar's ``policy`` (the plan's key.clevis, or
+    None): their passphrase is random bytes made by Clevis, accounted for like the key's. A
+    binding to anything else (``foreign``) is not."""
+    if not policy:
         return set()
     return {
         str(slot)
         for token in header.get("tokens", [])
-        if token["type"] == "clevis" and tang_binding_verdict(token["clevis"], tang) != "foreign"
+        if token["type"] == "clevis" and binding_verdict(token["clevis"], policy) != "foreign"
         for slot in token["keyslots"]
     }
 
@@ -750,8 +774,8 @@ class VolumeAudit:
         note = f" ({underway})" if underway else ""
         if reencryption:
             self.reencryption[path] = reencryption
-        if header and self.volume["key"]["source"] == "tang":
-            self._tang_rules(path, header)
+        if header and self.volume["key"].get("clevis"):
+            self._clevis_rules(path, header)
         if header and header["version"] != 2:
             self.add(
                 "HANA-ENC-002",
@@ -891,7 +915,7 @@ class VolumeAudit:
         the rotation has ended, and a ``previous`` left in the pillar is HANA-KEY-008."""
         tokens = header.get("tokens", [])
         accounted = self._pillar_clevis_keyslots(header)
-        if self.volume["key"]["source"] == "tang":
+        if self.volume["key"].get("clevis"):
             accounted |= {str(slot) for t in tokens if t["type"] == "clevis" for slot in t["keyslots"]}
         previous = self._previous_key_rules(path, backing)
         accounted |= {str(slot) for slot in previous.get("keyslots", [])}
@@ -966,7 +990,7 @@ class VolumeAudit:
         problem = header_backup_problem(
             fact,
             header,
-            key["tang"] if key["source"] == "tang" else None,
+            key.get("clevis"),
             slots.get("live_opens", []),
             slots.get("retired", []),
         )
@@ -996,38 +1020,43 @@ class VolumeAudit:
 
     def _pillar_clevis_keyslots(self, header):
         key = self.volume["key"]
-        return pillar_clevis_keyslots(header, key["tang"] if key["source"] == "tang" else None)
+        return pillar_clevis_keyslots(header, key.get("clevis"))
 
-    def _tang_rules(self, path, header):
-        tang = self.volume["key"]["tang"]
+    def _clevis_rules(self, path, header):
+        policy = self.volume["key"]["clevis"]
         bindings = [t["clevis"] for t in header.get("tokens", []) if t["type"] == "clevis"]
         if not bindings:
             self.add(
                 "HANA-KEY-002",
                 path,
-                "a Clevis binding to the pillar's Tang servers",
+                f"a Clevis binding to {describe_policy(policy)}",
                 "none",
                 f"{path} has no Clevis binding: it does not unlock at boot, only with the recovery key",
             )
             return
-        foreign = [b for b in bindings if tang_binding_verdict(b, tang) == "foreign"]
+        foreign = [b for b in bindings if binding_verdict(b, policy) == "foreign"]
         if foreign:
             actual = [
                 b
                 if "error" in b
-                else {"threshold": b["threshold"], "servers": [s["url"] for s in b["servers"]]}
+                else {
+                    "threshold": b["threshold"],
+                    "servers": [s["url"] for s in b["servers"]],
+                    "tpm2": b.get("tpm2"),
+                }
                 for b in foreign
             ]
             self.add(
                 "HANA-KEY-003",
                 path,
-                tang,
+                policy,
                 actual,
-                f"{path}: a Clevis binding to {actual} is not the pillar's (servers "
-                f"{[s['url'] for s in tang['servers']]}, threshold {tang['threshold']}): a binding the "
-                "pillar does not name is a way in; check it, then clevis luks unbind it",
+                f"{path}: a Clevis binding to {'; '.join(describe_binding(b) for b in foreign)} is not "
+                f"the pillar's ({describe_policy(policy)}): a binding the pillar does not name is a way "
+                "in; check it, then clevis luks unbind it",
             )
-        stale = [b for b in bindings if tang_binding_verdict(b, tang) == "stale"]
+        tang = policy["tang"]
+        stale = [b for b in bindings if binding_verdict(b, policy) == "stale"]
         if stale:
             self.add(
                 "HANA-KEY-004",

@@ -141,7 +141,7 @@ def test_a_degraded_header_is_refused_and_not_rewritten(real_headers, make_luks,
 
     Impact: luksConvertKey loads the header, repairs the damaged copy from the other one as it
     does, and converts: the damage HANA-ENC-007 reports is erased before anyone looked at it,
-    and the conversion is built on whichever copy cryptsetup chose. tang_bound refuses exactly
+    and the conversion is built on whichever copy cryptsetup chose. clevis_bound refuses exactly
     this ("clevis luks bind would rewrite it as it loads it, erasing what shows the damage"),
     and _key_test works on an in-memory copy for the same reason; fips_keyslots does neither.
 

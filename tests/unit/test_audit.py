@@ -501,7 +501,7 @@ def test_a_missing_stale_or_exposed_header_backup_is_key_006(fact, problem):
             "backup": data,
             "key_file": KEY_FILE,
             "previous_key_file": None,
-            "tang": None,
+            "policy": None,
         },
     }
 
@@ -758,7 +758,7 @@ def tang_servers(tmp_path_factory):
 
 def bound_header(tmp_path, tang, name="hdr.img"):
     """A LUKS2 header (a file: no device-mapper needed) bound by `clevis luks bind` to ``tang``
-    (the plan's key.tang), its recovery key in slot 0."""
+    (the plan's key.clevis), its recovery key in slot 0."""
     import subprocess
 
     from hana_storage_core import commands as commands
@@ -806,13 +806,13 @@ def test_a_tang_volume_bound_to_its_servers_is_compliant(tang_servers, tmp_path)
     single = tang_key(first)
     plan = plan_of(tang_pillar(single))["volumes"]["data"]
     assert plan["key"]["crypttab"] == "none" and "_netdev" in plan["crypttab_options"]
-    header = bound_header(tmp_path, plan["key"]["tang"])
+    header = bound_header(tmp_path, plan["key"]["clevis"])
     binding = header["tokens"][0]["clevis"]
     assert binding["pin"] == "tang" and binding["servers"][0]["url"] == first.url
     assert found(tang_facts(header), tang_pillar(single)) == []
     # two servers, both needed (Shamir's sss): bound the same way, compliant too
     both = tang_key(first, second, threshold=2)
-    header = bound_header(tmp_path, plan_of(tang_pillar(both))["volumes"]["data"]["key"]["tang"], "sss.img")
+    header = bound_header(tmp_path, plan_of(tang_pillar(both))["volumes"]["data"]["key"]["clevis"], "sss.img")
     assert header["tokens"][0]["clevis"]["pin"] == "sss"
     assert found(tang_facts(header), tang_pillar(both)) == []
     assert "jwe" not in json.dumps(header) and "ciphertext" not in json.dumps(header)
@@ -828,7 +828,7 @@ def test_a_tang_volume_without_a_binding_is_key_002(tang_servers):
 @pytest.mark.parametrize("change", ["other server", "other threshold", "one server more"])
 def test_a_binding_the_pillar_does_not_name_is_key_003(tang_servers, tmp_path, change):
     first, second = tang_servers
-    header = bound_header(tmp_path, plan_of(tang_pillar(tang_key(first)))["volumes"]["data"]["key"]["tang"])
+    header = bound_header(tmp_path, plan_of(tang_pillar(tang_key(first)))["volumes"]["data"]["key"]["clevis"])
     pillar_key = {
         "other server": tang_key(second),
         "other threshold": tang_key(first, second, threshold=2),
@@ -844,7 +844,7 @@ def test_a_binding_made_with_a_rotated_away_key_is_key_004(tmp_path_factory, tmp
 
     with TangServer(tmp_path_factory.mktemp("rotating")) as server:
         before = tang_key(server)
-        header = bound_header(tmp_path, plan_of(tang_pillar(before))["volumes"]["data"]["key"]["tang"])
+        header = bound_header(tmp_path, plan_of(tang_pillar(before))["volumes"]["data"]["key"]["clevis"])
         old = server.thumbprint
         server.rotate()
         assert server.thumbprint != old
@@ -881,7 +881,7 @@ def test_only_the_pillars_clevis_keyslot_is_exempt_from_the_kdf_rule(tang_server
     no KDF makes that harder to guess. The recovery keyslot (here cheap on purpose) is judged."""
     first, _ = tang_servers
     pillar = tang_pillar(tang_key(first))
-    header = bound_header(tmp_path, plan_of(pillar)["volumes"]["data"]["key"]["tang"])
+    header = bound_header(tmp_path, plan_of(pillar)["volumes"]["data"]["key"]["clevis"])
     facts = tang_facts(header)
     facts["headers"]["dm-0"]["keyslots"] = header["keyslots"]
     (finding,) = [f for f in rules.audit(plan_of(pillar), facts)["findings"]]
@@ -904,7 +904,7 @@ def test_a_lost_tang_binding_is_a_stale_backup_not_a_lost_key(tang_servers, tmp_
     recovery key's own keyslot lost is HANA-KEY-007."""
     first, _ = tang_servers
     key = tang_key(first)
-    bound = bound_header(tmp_path, plan_of(tang_pillar(key))["volumes"]["data"]["key"]["tang"])
+    bound = bound_header(tmp_path, plan_of(tang_pillar(key))["volumes"]["data"]["key"]["clevis"])
     backup = backup_of(bound, tokens=[t for t in bound["tokens"] if t["type"] == "clevis"])
     pillar = tang_pillar(key)
     pillar["header_backup"] = {"directory": BACKUPS}

@@ -58,9 +58,9 @@ def test_the_header_is_backed_up_after_its_keyslots_and_flags_are_in_place(tmp_p
     (require,) = [arg["require"] for arg in step if "require" in arg]
     assert {"hana_storage": "hana-storage-log-flags-0"} in require
     flags = requires(states["hana-storage-log-flags-0"]["hana_storage.luks_flags"])
-    assert flags == ["hana-storage-log-tang-0" if key == "tang" else "hana-storage-log-inside-0"]
+    assert flags == ["hana-storage-log-clevis-0" if key == "tang" else "hana-storage-log-inside-0"]
     if key == "tang":
-        tang = states["hana-storage-data-tang-0"]["hana_storage.tang_bound"]
+        tang = states["hana-storage-data-clevis-0"]["hana_storage.clevis_bound"]
         assert {"header_backup": "/var/lib/hana-storage/luks-headers/hana_data.luks-header"} in tang
 
 
@@ -76,7 +76,7 @@ def test_under_fips_each_device_has_its_keyslots_converted_before_its_flags_are_
     states = luks_states(tmp_path, storage(**extra))
     step = states["hana-storage-log-fips-0"]["hana_storage.fips_keyslots"]
     assert {"pbkdf": {"type": "pbkdf2", "force_iterations": 1000, "hash": "sha256"}} in step
-    assert requires(step) == ["hana-storage-log-tang-0" if key == "tang" else "hana-storage-log-inside-0"]
+    assert requires(step) == ["hana-storage-log-clevis-0" if key == "tang" else "hana-storage-log-inside-0"]
     assert requires(states["hana-storage-log-flags-0"]["hana_storage.luks_flags"]) == [
         "hana-storage-log-fips-0"
     ]
@@ -136,7 +136,7 @@ def test_a_rotation_adds_the_key_before_opening_and_removes_the_previous_once_cr
         backup = requires(states[f"hana-storage-{volume}-header-backup-0"]["hana_storage.header_backed_up"])
         assert f"hana-storage-{volume}-retire-0" in backup
         if key == "tang":
-            assert requires(states[f"hana-storage-{volume}-tang-0"]["hana_storage.tang_bound"]) == [
+            assert requires(states[f"hana-storage-{volume}-clevis-0"]["hana_storage.clevis_bound"]) == [
                 f"hana-storage-{volume}-rekey-0"
             ]
 

@@ -811,9 +811,10 @@ def test_luks_formatted_in_test_mode_waits_for_the_key_file_before_judging_luks(
     assert_nothing_done(salt_functions)
 
 
-# ---- tang_bound ----------------------------------------------------------------------------------
+# ---- clevis_bound ---------------------------------------------------------------------------------
 
 TANG = {"servers": [{"url": "http://tang.example:7500", "thumbprint": "T" * 43}], "threshold": 1}
+POLICY = {"tang": TANG, "tpm2": None}
 
 
 def clevis_token(servers, threshold=1):
@@ -831,9 +832,9 @@ def luks_tokens(salt_functions, *tokens):
     }
 
 
-def test_tang_bound_binds_an_unbound_device_with_the_pinned_thumbprint(salt_functions):
+def test_clevis_bound_binds_an_unbound_device_with_the_pinned_thumbprint(salt_functions):
     luks_tokens(salt_functions)
-    ret = states.tang_bound(LV, "/etc/hana/recovery.key", TANG)
+    ret = states.clevis_bound(LV, "/etc/hana/recovery.key", POLICY)
     assert ret["result"] is True
     config = json.dumps({"thp": "T" * 43, "url": "http://tang.example:7500"}, sort_keys=True)
     assert argvs_run(salt_functions) == [
@@ -842,11 +843,11 @@ def test_tang_bound_binds_an_unbound_device_with_the_pinned_thumbprint(salt_func
     assert ret["changes"] == {"bound": {"servers": ["http://tang.example:7500"], "threshold": 1}}
 
 
-def test_tang_bound_binds_several_servers_through_sss(salt_functions):
+def test_clevis_bound_binds_several_servers_through_sss(salt_functions):
     luks_tokens(salt_functions)
     tang = {"servers": [{"url": "http://a:7500", "thumbprint": "A" * 43},
                         {"url": "http://b:7500", "thumbprint": "B" * 43}], "threshold": 2}  # fmt: skip
-    ret = states.tang_bound(LV, "/k", tang)
+    ret = states.clevis_bound(LV, "/k", {"tang": tang, "tpm2": None})
     (argv,) = argvs_run(salt_functions)
     assert ret["result"] is True and argv[:7] == ["clevis", "luks", "bind", "-d", LV, "-k", "/k"]
     assert argv[7] == "sss" and json.loads(argv[8]) == {
@@ -857,9 +858,9 @@ def test_tang_bound_binds_several_servers_through_sss(salt_functions):
     }
 
 
-def test_tang_bound_keeps_the_pillars_binding(salt_functions):
+def test_clevis_bound_keeps_the_pillars_binding(salt_functions):
     luks_tokens(salt_functions, clevis_token([("http://tang.example:7500", "T" * 43)]))
-    ret = states.tang_bound(LV, "/k", TANG)
+    ret = states.clevis_bound(LV, "/k", POLICY)
     assert ret["result"] is True and ret["changes"] == {} and "is bound to" in ret["comment"]
     assert_nothing_done(salt_functions)
 
@@ -875,10 +876,10 @@ def test_tang_bound_keeps_the_pillars_binding(salt_functions):
     ],
     ids=["other-server", "one-extra-binding", "stale-beside-a-foreign-one", "unreadable"],
 )
-def test_tang_bound_refuses_to_bind_beside_a_binding_not_the_pillars(salt_functions, opts, tokens, test):
+def test_clevis_bound_refuses_to_bind_beside_a_binding_not_the_pillars(salt_functions, opts, tokens, test):
     opts["test"] = test
     luks_tokens(salt_functions, *tokens)
-    ret = states.tang_bound(LV, "/k", TANG)
+    ret = states.clevis_bound(LV, "/k", POLICY)
     assert ret["result"] is False and ret["changes"] == {} and "clevis luks unbind" in ret["comment"]
     assert_nothing_done(salt_functions)
 
@@ -886,9 +887,9 @@ def test_tang_bound_refuses_to_bind_beside_a_binding_not_the_pillars(salt_functi
 ROTATED = dict(clevis_token([("http://tang.example:7500", "O" * 43)]), keyslots=[2])  # the old key's
 
 
-def test_tang_bound_binds_again_then_removes_a_binding_made_with_a_rotated_away_key(salt_functions):
+def test_clevis_bound_binds_again_then_removes_a_binding_made_with_a_rotated_away_key(salt_functions):
     luks_tokens(salt_functions, ROTATED)
-    ret = states.tang_bound(LV, "/k", TANG)
+    ret = states.clevis_bound(LV, "/k", POLICY)
     assert ret["result"] is True
     config = json.dumps({"thp": "T" * 43, "url": "http://tang.example:7500"}, sort_keys=True)
     assert argvs_run(salt_functions) == [
@@ -901,50 +902,50 @@ def test_tang_bound_binds_again_then_removes_a_binding_made_with_a_rotated_away_
     }
 
 
-def test_tang_bound_killed_between_bind_and_unbind_only_unbinds_next_time(salt_functions):
+def test_clevis_bound_killed_between_bind_and_unbind_only_unbinds_next_time(salt_functions):
     luks_tokens(salt_functions, clevis_token([("http://tang.example:7500", "T" * 43)]), ROTATED)
-    ret = states.tang_bound(LV, "/k", TANG)
+    ret = states.clevis_bound(LV, "/k", POLICY)
     assert ret["result"] is True and ret["changes"] == {"unbound": {"keyslots": [2]}}
     assert argvs_run(salt_functions) == [["clevis", "luks", "unbind", "-d", LV, "-s", "2", "-f"]]
 
 
-def test_tang_bound_keeps_the_old_binding_when_binding_again_fails(salt_functions):
+def test_clevis_bound_keeps_the_old_binding_when_binding_again_fails(salt_functions):
     # the server does not advertise the pillar's new thumbprint (yet): clevis refuses to bind
     luks_tokens(salt_functions, ROTATED)
     fail_commands(salt_functions, "Trust fingerprint mismatch")
-    ret = states.tang_bound(LV, "/k", TANG)
+    ret = states.clevis_bound(LV, "/k", POLICY)
     assert ret["result"] is False and ret["changes"] == {}
     assert [argv[2] for argv in argvs_run(salt_functions)] == ["bind"]
 
 
-def test_tang_bound_in_test_mode_says_it_would_bind_again_and_does_nothing(salt_functions, dry_run):
+def test_clevis_bound_in_test_mode_says_it_would_bind_again_and_does_nothing(salt_functions, dry_run):
     luks_tokens(salt_functions, ROTATED)
-    ret = states.tang_bound(LV, "/k", TANG)
+    ret = states.clevis_bound(LV, "/k", POLICY)
     assert ret["result"] is None and ret["changes"] == {}
     assert "would bind" in ret["comment"] and "keyslots [2]" in ret["comment"]
     assert_nothing_done(salt_functions)
 
 
-def test_tang_bound_in_test_mode_binds_nothing(salt_functions, dry_run):
+def test_clevis_bound_in_test_mode_binds_nothing(salt_functions, dry_run):
     luks_tokens(salt_functions, {"id": 0, "type": "systemd-tpm2", "keyslots": [2]})
-    ret = states.tang_bound(LV, "/k", TANG)
+    ret = states.clevis_bound(LV, "/k", POLICY)
     assert ret["result"] is None and ret["changes"] == {} and "would bind" in ret["comment"]
     assert_nothing_done(salt_functions)
 
 
 @pytest.mark.parametrize("test", [True, False], ids=["test", "apply"])
-def test_tang_bound_waits_for_a_device_that_is_not_luks_yet(salt_functions, opts, test):
+def test_clevis_bound_waits_for_a_device_that_is_not_luks_yet(salt_functions, opts, test):
     opts["test"] = test
     salt_functions["hana_storage_host.luks_header"].side_effect = CommandExecutionError(f"{LV}: not LUKS")
-    ret = states.tang_bound(LV, "/k", TANG)
+    ret = states.clevis_bound(LV, "/k", POLICY)
     assert ret["result"] is (None if test else False) and ret["changes"] == {}
     assert_nothing_done(salt_functions)
 
 
-def test_tang_bound_reports_a_failed_bind(salt_functions):
+def test_clevis_bound_reports_a_failed_bind(salt_functions):
     luks_tokens(salt_functions)
     fail_commands(salt_functions, "Error communicating with server http://tang.example:7500")
-    ret = states.tang_bound(LV, "/k", TANG)
+    ret = states.clevis_bound(LV, "/k", POLICY)
     assert ret["result"] is False and ret["changes"] == {} and "clevis luks bind" in ret["comment"]
 
 
@@ -1651,11 +1652,11 @@ def test_header_backed_up_keeps_the_old_backup_when_the_header_changes_meanwhile
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hana_data.luks-header"]
 
 
-def test_tang_bound_backs_the_header_up_again_after_binding(
+def test_clevis_bound_backs_the_header_up_again_after_binding(
     real_headers, make_luks, keyfile, tmp_path, salt_functions
 ):
     image, backup = make_luks(), tmp_path / "hana_data.luks-header"
-    ret = states.tang_bound(str(image), str(keyfile), TANG, header_backup=str(backup))
+    ret = states.clevis_bound(str(image), str(keyfile), POLICY, header_backup=str(backup))
     assert ret["result"] is True, ret
     assert ret["changes"] == {
         "bound": {"servers": ["http://tang.example:7500"], "threshold": 1},
@@ -2012,13 +2013,13 @@ def test_a_backup_of_a_degraded_header_leaves_the_device_as_it_was(
     assert restores_and_opens(tmp_path, image, backup, keyfile)
 
 
-def test_tang_bound_binds_nothing_on_a_degraded_header(real_headers, make_luks, keyfile, salt_functions):
+def test_clevis_bound_binds_nothing_on_a_degraded_header(real_headers, make_luks, keyfile, salt_functions):
     """Regression (issue 29, item 2): clevis luks bind tests the key on the device, and cryptsetup
     repairs a damaged header copy as it loads it."""
     image = make_luks()
     damaged_secondary(image)
     before = sha256(image)
-    ret = states.tang_bound(str(image), str(keyfile), TANG)
+    ret = states.clevis_bound(str(image), str(keyfile), POLICY)
     assert ret["result"] is False and "degraded" in ret["comment"] and ret["changes"] == {}
     assert argvs_run(salt_functions) == [] and sha256(image) == before
 
@@ -2041,7 +2042,7 @@ def test_clevis_runs_in_a_private_tmpdir_on_the_scratch_ramfs_that_is_removed(
         return {"retcode": 0, "stdout": "", "stderr": ""}
 
     salt_functions["cmd.run_all"].side_effect = clevis
-    ret = states.tang_bound(LV, "/k", TANG)
+    ret = states.clevis_bound(LV, "/k", POLICY)
     assert ret["result"] is True, ret
     assert len(seen) == 1 and seen[0].startswith(str(scratch) + "/clevis-")
     assert list(scratch.iterdir()) == []

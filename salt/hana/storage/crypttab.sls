@@ -38,12 +38,14 @@ hana-storage-{{ name }}-retire-{{ loop.index0 }}:
 {%-       endif %}
 {%-     endfor %}
 {%-   endfor %}
-{%-   if hana_storage.config.volumes.values() | selectattr('key.source', 'equalto', 'tang') | list %}
+{%-   set clevis = hana_storage.config.volumes.values() | selectattr('key.clevis') | list %}
+{%-   if clevis %}
+{%-     set tang = clevis | selectattr('key.source', 'equalto', 'tang') | list %}
 
 hana-storage-unlock-at-boot:
   hana_storage.units_enabled:
-    - name: tang unlock at boot
-    - units: [clevis-luks-askpass.path, remote-cryptsetup.target]
+    - name: Clevis unlock at boot
+    - units: {{ (['clevis-luks-askpass.path'] + (['remote-cryptsetup.target'] if tang else [])) | json }}
     - require:
       - hana_storage: hana-storage-pillar-valid
 {%-   endif %}

@@ -3,8 +3,8 @@
 # LUKS2 format and open: on the LV (above LVM) or on each disk (below). Nothing is written to a
 # device the key opens before what it holds is known: it is opened without storing the dm-crypt
 # flags, then looked inside (below LVM: pv_safe here, before pvcreate wipes; above LVM: the mkfs
-# state), and only then does it get a keyslot for a rotated key, a Clevis binding (Tang volumes;
-# the recovery key's keyslot stays), its flags stored in the header, a crypttab line and, with
+# state), and only then does it get a keyslot for a rotated key, a Clevis binding (Tang and TPM2
+# volumes; the recovery key's keyslot stays), its flags stored in the header, a crypttab line and, with
 # header_backup, a proven header backup. Under FIPS (compliance:fips, or the host's mode) the key's
 # keyslots are made PBKDF2-SHA256 before the flags are stored. While the key is rotated
 # (key:previous), the previous key's keyslot goes once crypttab names the new key (crypttab.sls).
@@ -18,7 +18,7 @@
 {%-     for crypt in volume.crypt %}
 {%-       set inside = 'mkfs' if above else 'inside-' ~ loop.index0 %}
 {%-       set rekeyed = 'rekey-' ~ loop.index0 if volume.key.previous else inside %}
-{%-       set bound = 'tang-' ~ loop.index0 if volume.key.source == 'tang' else rekeyed %}
+{%-       set bound = 'clevis-' ~ loop.index0 if volume.key.clevis else rekeyed %}
 {%-       set converted = 'fips-' ~ loop.index0 if luks.fips else bound %}
 
 hana-storage-{{ name }}-luks-{{ loop.index0 }}:
@@ -78,13 +78,13 @@ hana-storage-{{ name }}-rekey-{{ loop.index0 }}:
     - require:
       - hana_storage: hana-storage-{{ name }}-{{ inside }}
 {%-       endif %}
-{%-       if volume.key.source == 'tang' %}
+{%-       if volume.key.clevis %}
 
-hana-storage-{{ name }}-tang-{{ loop.index0 }}:
-  hana_storage.tang_bound:
+hana-storage-{{ name }}-clevis-{{ loop.index0 }}:
+  hana_storage.clevis_bound:
     - name: {{ crypt.device }}
     - key_file: {{ volume.key.file }}
-    - tang: {{ volume.key.tang | json }}
+    - policy: {{ volume.key.clevis | json }}
     - header_backup: {{ crypt.header_backup | json }}
 {%-         if volume.key.previous %}
     - previous_key_file: {{ volume.key.previous.file }}
@@ -133,7 +133,7 @@ hana-storage-{{ name }}-header-backup-{{ loop.index0 }}:
 {%-         if volume.key.previous %}
     - previous_key_file: {{ volume.key.previous.file }}
 {%-         endif %}
-    - tang: {{ (volume.key.tang if volume.key.source == 'tang' else None) | json }}
+    - policy: {{ volume.key.clevis | json }}
     - formatted_by: hana-storage-{{ name }}-luks-{{ loop.index0 }}
     - require:
       - hana_storage: hana-storage-{{ name }}-flags-{{ loop.index0 }}

@@ -1,0 +1,137 @@
+"""TPM2 beside Tang on a real kernel with a real TPM 2.0 (issue 33 §1 and §2): swtpm behind
+QEMU's tpm-tis, the guest's /dev/tpmrm0, its PCRs measured by the firmware.
+
+data (above LVM, two disks) is bound to the TPM2 alone, sealed to PCR 7; log (below LVM, two
+disks) to the TPM2 and a real Tang server on the host's loopback in one sss policy. Both keep a
+recovery key (a pillar key). The apply binds them, the audit compares the bindings with the
+pillar, readiness says yes and a boot without Salt opens every line. Then PCR 7 is extended, as
+a Secure Boot change would: readiness names PCR 7 on every line, the boot without Salt leaves
+every line locked, an apply binds again with the recovery key to the PCRs as they are now,
+readiness says yes and the boot opens everything, the data's checksums unchanged.
+"""
+
+import pytest
+import yaml
+from tang_server import TangServer
+
+from tests.vm.conftest import boot, boot_without_salt, close_storage
+from tests.vm.test_lab_boot import readiness
+
+pytestmark = pytest.mark.vm
+
+MOUNTPOINTS = ["/hana/data", "/hana/log"]
+VGS = ["vg_hana_data", "vg_hana_log"]
+CRYPTS = {
+    "hana_data": "/dev/vg_hana_data/lv_hana_data",
+    "hana_log_0": "/dev/vdc",
+    "hana_log_1": "/dev/vdd",
+}
+BACKUPS = "/etc/hana-storage/luks-headers"  # the guest's /var is the host's, read-only
+TPM2 = {"pcr_bank": "sha256", "pcr_ids": [7]}
+
+
+@pytest.fixture(scope="module")
+def tang(tmp_path_factory):
+    with TangServer(tmp_path_factory.mktemp("tang")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def vm(request, tang):
+    vm = boot(request, disks=4, disk_size="1G", network=True, tpm=True)  # XFS needs 300 MB
+    storage = yaml.safe_load(vm.pillar())["hana"]["storage"]
+    recovery = {"source": "pillar", "material": vm.key_b64()}
+    volumes = storage["volumes"]
+    storage["volumes"] = {
+        "data": {**volumes["data"], "devices": ["/dev/vda", "/dev/vdb"]},
+        "log": {**volumes["log"], "devices": ["/dev/vdc", "/dev/vdd"]},
+    }
+    storage["volumes"]["data"]["key"] = {"source": "tpm2", "tpm2": TPM2, "recovery": recovery}
+    storage["volumes"]["log"]["key"] = {
+        "source": "tang",
+        "servers": [{"url": tang.guest_url, "thumbprint": tang.thumbprint}],
+        "tpm2": TPM2,
+        "recovery": recovery,
+    }
+    storage["header_backup"] = {"directory": BACKUPS}
+    vm.setup_salt(yaml.safe_dump({"hana": {"storage": storage}}))
+    return vm
+
+
+def apply(vm, title):
+    applied = vm.salt("state.apply hana.storage", title=title)
+    assert applied.retcode == 0, [s["comment"] for s in applied.ret.values() if s["result"] is not True]
+    return applied
+
+
+@pytest.fixture(scope="module")
+def built(vm):
+    return apply(vm, "state.apply: TPM2 alone (data), TPM2 and Tang (log)")
+
+
+def bindings(vm):
+    """{crypt name: [Clevis bindings]} as the formula reads them from each LUKS header."""
+    found = {}
+    for name, device in CRYPTS.items():
+        tokens = vm.salt(f"hana_storage_host.luks_header {device}", check=True).ret["tokens"]
+        found[name] = [t["clevis"] for t in tokens if t["type"] == "clevis"]
+    return found
+
+
+def test_the_apply_binds_the_tpm2_alone_and_with_tang_and_the_audit_finds_nothing(vm, built, tang):
+    bound = bindings(vm)
+    assert [(b["pin"], b["tpm2"], b["servers"]) for b in bound["hana_data"]] == [("tpm2", TPM2, [])]
+    for name in ("hana_log_0", "hana_log_1"):
+        ((binding),) = bound[name]
+        assert binding["pin"] == "sss" and binding["tpm2"] == TPM2 and binding["threshold"] == 1
+        assert [s["url"] for s in binding["servers"]] == [tang.guest_url]
+    crypttab = vm.run("cat /etc/crypttab", check=True, echo=False).output
+    data_line = next(line for line in crypttab.splitlines() if line.startswith("hana_data "))
+    assert data_line.split()[2] == "none" and "_netdev" not in data_line  # opens before the network
+    assert all("_netdev" in line for line in crypttab.splitlines() if line.startswith("hana_log_"))
+    report = vm.salt("hana_storage.audit", check=True).ret
+    assert report["findings"] == [], [f["message"] for f in report["findings"]]
+    again = apply(vm, "state.apply again: nothing to change")
+    assert [k for k, s in again.ret.items() if s["changes"]] == []
+
+
+def test_a_changed_pcr_is_named_the_boot_fails_as_foreseen_and_an_apply_binds_anew(vm, built):
+    """Issue 33 §2: readiness says yes and the boot opens every line; PCR 7 extended (what a
+    Secure Boot change does), readiness names PCR 7 on each line and a boot without Salt leaves
+    them all locked; an apply binds again with the recovery key, readiness says yes and the boot
+    opens everything, the data intact."""
+    files = " ".join(f"{m}/keep.bin" for m in MOUNTPOINTS)
+    vm.run(
+        f"for m in {' '.join(MOUNTPOINTS)}; do head -c 1M /dev/urandom >$m/keep.bin; done; sync", check=True
+    )
+    before = vm.run(f"sha256sum {files}", check=True, echo=False).output
+    assert readiness(vm) == (True, {})
+    close_storage(vm, MOUNTPOINTS, VGS)
+    out = boot_without_salt(vm)
+    assert all(f"mounted {m}" in out for m in MOUNTPOINTS), out
+
+    vm.run(
+        "TPM2TOOLS_TCTI=device:/dev/tpmrm0 tpm2_pcrextend 7:sha256=" + "ab" * 32,
+        check=True,
+        title="extending PCR 7, as a change to Secure Boot would",
+    )
+    ready, problems = readiness(vm)
+    assert ready is False and problems == dict.fromkeys(CRYPTS, ["pcr_changed", "clevis_fails"]), problems
+    result = vm.salt("hana_storage.boot_readiness", check=True).ret
+    causes = [p["cause"] for line in result["lines"] for p in line["problems"] if p["code"] == "pcr_changed"]
+    assert len(causes) == len(CRYPTS) and all("PCR 7" in c for c in causes), causes
+    close_storage(vm, MOUNTPOINTS, VGS)
+    out = boot_without_salt(vm, expect_locked=CRYPTS, attach_timeout=20)
+    assert not any(f"mounted {m}" in out for m in MOUNTPOINTS), out
+
+    applied = apply(vm, "state.apply: bind again to the PCRs as they are now")
+    rebound = [s for s in applied.ret.values() if "-clevis-" in s["__id__"]]
+    assert len(rebound) == len(CRYPTS) and all("PCR 7" in s["comment"] for s in rebound), rebound
+    assert all(len(b) == 1 for b in bindings(vm).values())  # the old bindings are gone
+    assert readiness(vm) == (True, {})
+    close_storage(vm, MOUNTPOINTS, VGS)
+    out = boot_without_salt(vm)
+    assert all(f"mounted {m}" in out for m in MOUNTPOINTS), out
+    assert vm.run(f"sha256sum {files}", check=True, echo=False).output == before
+    report = vm.salt("hana_storage.audit", check=True).ret
+    assert report["findings"] == [], [f["message"] for f in report["findings"]]
