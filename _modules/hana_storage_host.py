@@ -494,6 +494,33 @@ def _clevis_unlocks(path, header, deadline):
     }
 
 
+def clevis_opens(device, keyslot):
+    """
+    Does Clevis open keyslot ``keyslot`` of the LUKS2 ``device`` now (``clevis luks pass`` on an
+    in-memory copy of the header, asking the Tang servers and the TPM as a boot would)? Reads
+    only; the passphrase Clevis decrypts goes to /dev/null. ``{"opens": bool, "error"}``.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' hana_storage_host.clevis_opens /dev/vdc 1
+    """
+    slot = str(keyslot)
+    if not slot.isdigit():
+        raise CommandExecutionError(f"a keyslot is a number, not {keyslot!r}")
+    path = os.path.realpath(device)
+    size = core.luks.header_bytes(luks_header(device))
+    if size is None:
+        return {"opens": False, "error": "the LUKS header has no size a header has"}
+    try:
+        with core.files.memory_copy(path, size) as copy:
+            code, said = _clevis_pass(copy, slot, CLEVIS_TIMEOUT)
+    except OSError as error:
+        return {"opens": False, "error": str(error)}
+    return {"opens": code == 0, "error": None if code == 0 else said}
+
+
 def _clevis_pass(copy, slot, timeout):
     """(exit code, what it said) of ``clevis luks pass`` on the header copy ``copy`` (a
     /proc/<pid>/fd/<n> path). The copy is handed down as the child's own descriptor and named
@@ -541,7 +568,7 @@ def pcr_values(bank, pcr_ids):
         ids = [int(i) for i in pcr_ids]
     except (TypeError, ValueError):
         raise CommandExecutionError(f"PCR ids are numbers 0 to 23, not {pcr_ids!r}") from None
-    if not all(0 <= i <= 23 for i in ids) or bank not in ("sha1", "sha256", "sha384", "sha512"):
+    if not all(0 <= i <= 23 for i in ids) or bank not in core.tpm.BANKS:
         raise CommandExecutionError(f"no PCR {ids} in a bank {bank!r}")
     folder = f"{TPM_SYSFS}/pcr-{bank}"
     if os.path.isdir(folder):
@@ -550,6 +577,8 @@ def pcr_values(bank, pcr_ids):
             for pcr in ids:
                 with open(f"{folder}/{pcr}", encoding="ascii") as handle:
                     values[pcr] = handle.read().strip().lower()
+                if not core.tpm.valid_value(bank, values[pcr]):
+                    raise CommandExecutionError(f"{folder}/{pcr} holds no {bank} PCR value")
             return values
         except (OSError, UnicodeDecodeError) as error:
             raise CommandExecutionError(f"the TPM's PCRs cannot be read from {folder}: {error}") from None
@@ -586,13 +615,8 @@ def pcr_drift(device):
 
 
 def _pcr_drift(header):
-    wanted = {}
-    for token in header.get("tokens", []):
-        record = token.get("pcrs") if token.get("type") == core.tpm.PCR_TOKEN else None
-        if record and "error" not in record:
-            wanted.setdefault(record["pcr_bank"], set()).update(record["values"])
     try:
-        current = {bank: pcr_values(bank, sorted(ids)) for bank, ids in wanted.items()}
+        current = {bank: pcr_values(bank, ids) for bank, ids in core.tpm.wanted_pcrs(header).items()}
     except CommandExecutionError as error:
         return {"error": str(error)}
     return core.tpm.pcr_drift(header, current)
@@ -1432,11 +1456,11 @@ def key_opens(path, key_file):
     return {"opens": opens, "error": error}
 
 
-def key_slots(device, key_file):
+def key_slots(device, key_file, keyslots=None):
     """
     Which keyslots of the LUKS device ``device`` the key in ``key_file`` opens, each tried on an
     in-memory copy of the header (read-only, like ``probe``; one KDF run per keyslot): what a key
-    rotation proves before and after it changes a keyslot.
+    rotation proves before and after it changes a keyslot. ``keyslots``: try only these ids.
 
     Returns ``{"keyslots": [ids], "error": None}``; ``error`` says why a keyslot could not be
     tried (out of memory, an unreadable header), and then the list may be short.
@@ -1453,7 +1477,10 @@ def key_slots(device, key_file):
     except CommandExecutionError as error:
         return {"keyslots": [], "error": f"no readable LUKS header: {error}"}
     opened, errors = [], []
+    wanted = None if keyslots is None else {int(k) for k in keyslots}
     for slot in sorted(int(s["id"]) for s in header.get("keyslots", [])):
+        if wanted is not None and slot not in wanted:
+            continue
         opens, error = _key_test(path, header, key_file, keyslot=slot)
         if opens:
             opened.append(slot)

@@ -696,20 +696,27 @@ def _removals_begun(name, header=None):
     return uuid, fingerprints, begun
 
 
-def clevis_bound(name, key_file, policy, header_backup=None, previous_key_file=None):
+def clevis_bound(name, key_file, policy, header_backup=None, previous_key_file=None, reseal=False):
     """
     The LUKS2 device ``name`` is bound by Clevis to exactly the pillar's ``policy`` (the plan's
     ``key.clevis``: Tang servers with their thumbprints and threshold, the host's TPM2 with its
     PCR bank and PCRs, or both in one sss), in a keyslot of its own; the keyslot of ``key_file``
     (the recovery key) stays.
 
-    A binding to the pillar's policy that no longer opens is replaced: one made with a Tang
-    signing key the pillar no longer names (Tang's keys were rotated, HANA-KEY-004), and one
-    sealed to PCRs that changed since (the formula records a TPM2 binding's PCR values in a
-    token of its own, ``core.tpm.PCR_TOKEN``). The new binding is made first, then the old one
-    removed, so that a run killed between the two leaves a device that opens either way. A
-    device bound to anything else is refused: removing that is for people to decide
-    (HANA-KEY-003).
+    A binding to the pillar's servers made with a Tang signing key the pillar no longer names
+    (Tang's keys were rotated, HANA-KEY-004) is replaced. A TPM2 binding sealed to PCRs that
+    changed since (the formula records a TPM2 binding's PCR values in a token of its own,
+    ``core.tpm.PCR_TOKEN``), or one without a record that Clevis no longer opens, is replaced
+    only with ``reseal`` (the pillar's ``tpm2_reseal``, given for the one apply after a planned
+    change): otherwise the state fails and changes nothing, since sealing to whatever booted
+    would bless a boot chain someone changed. A binding without a record that opens gets one.
+
+    Replacing binds anew, proves the new binding opens, then removes the old one, so that a run
+    killed between them leaves a device that opens either way; when the header has no room for
+    both, a binding proven not to open goes first. A keyslot the recovery key or the previous
+    key opens is never removed, whatever a token says of it. A device bound to anything else, or
+    with a Clevis token that is not one binding in one keyslot, is refused: that is for people
+    to decide (HANA-KEY-003).
 
     ``header_backup``: the device's header backup (``header_backed_up``), made again once the
     keyslots changed; a backup HANA-KEY-007 says must be kept refuses the binding (nothing is
@@ -732,6 +739,14 @@ def clevis_bound(name, key_file, policy, header_backup=None, previous_key_file=N
             result=False,
         )
     tokens = [t for t in header.get("tokens", []) if t["type"] == "clevis"]
+    odd = _odd_clevis_tokens(tokens)
+    if odd:
+        return _done(
+            ret,
+            f"{name}: Clevis token(s) {odd} are not one binding in a keyslot of its own (clevis luks bind "
+            "makes that): not touching the device; check them with cryptsetup luksDump. Nothing was changed.",
+            result=False,
+        )
     by_verdict = {"matches": [], "stale": [], "foreign": []}
     for token in tokens:
         by_verdict[core.rules.binding_verdict(token["clevis"], policy)].append(token)
@@ -742,58 +757,71 @@ def clevis_bound(name, key_file, policy, header_backup=None, previous_key_file=N
             "check it, then clevis luks unbind it",
             result=False,
         )
-    drift = {}
-    if policy["tpm2"] and by_verdict["matches"]:
+    dead, unrecorded = {}, []
+    if policy["tpm2"] and policy["tpm2"]["pcr_ids"] and by_verdict["matches"]:  # no PCR: no drift
         drift = __salt__["hana_storage_host.pcr_drift"](name)
         if "error" in drift:
             return _done(ret, f"{name}: its TPM2 binding cannot be checked: {drift['error']}", result=False)
-    drifted = {slot: pcrs for slot, pcrs in drift.items() if pcrs}
-    current = [t for t in by_verdict["matches"] if not set(t["keyslots"]) & set(drifted)]
-    stale_slots = sorted(
-        int(slot)
-        for token in by_verdict["stale"] + [t for t in by_verdict["matches"] if t not in current]
-        for slot in token["keyslots"]
-    )
+        for token in by_verdict["matches"]:
+            slot = token["keyslots"][0]
+            if drift.get(slot):
+                dead[slot] = (
+                    f"keyslot {slot} is sealed to {', '.join(f'PCR {i}' for i in drift[slot])}, changed since"
+                )
+            elif slot not in drift:  # no record of its PCRs: ask Clevis whether it opens
+                opens = __salt__["hana_storage_host.clevis_opens"](name, slot)
+                if opens["opens"]:
+                    unrecorded.append(slot)
+                else:
+                    dead[slot] = f"keyslot {slot} does not open now ({opens['error']})"
+    if dead and not reseal:
+        return _done(
+            ret,
+            f"{name}: its TPM2 binding no longer opens: {'; '.join(dead.values())}. If the change was "
+            "planned (firmware, Secure Boot keys, boot loader), apply once with pillar "
+            "hana:storage:tpm2_reseal true to bind again to the PCRs as they are now; if not, find out "
+            "what changed the boot chain. Nothing was changed.",
+            result=False,
+        )
+    current = [t for t in by_verdict["matches"] if t["keyslots"][0] not in dead]
+    old_slots = sorted({int(t["keyslots"][0]) for t in by_verdict["stale"]} | {int(slot) for slot in dead})
     orphans = _orphan_pcr_tokens(header)
-    if current and not stale_slots and not orphans:
+    if current and not old_slots and not orphans and not unrecorded:
         return _done(ret, f"{name} is bound to {wanted}")
-    if header_backup and (stale_slots or not current):  # the backup is made again below
+    if header_backup and (old_slots or not current):  # the backup is made again below
         _problem, keep = _backup_verdict(name, header, header_backup, key_file, previous_key_file, policy)
         if keep:
             return _done(ret, f"not binding {name}: {keep} Nothing was changed.", result=False)
-    bind = not current
+    why = "; ".join(dead.values()) or "made with a Tang key the pillar no longer names"
     if __opts__["test"]:
-        steps = ([f"bind {name} to {wanted}"] if bind else []) + (
-            [f"remove the binding that no longer opens (keyslots {stale_slots}: {_why_stale(drifted)})"]
-            if stale_slots
-            else []
+        steps = ([f"bind {name} to {wanted}"] if not current else []) + (
+            [f"remove the binding that no longer opens (keyslots {old_slots}: {why})"] if old_slots else []
         )
-        steps += (
-            [f"remove {len(orphans)} PCR record(s) of bindings gone"] if orphans and not stale_slots else []
-        )
+        steps += [f"record the PCRs of keyslots {unrecorded}"] if unrecorded else []
+        steps += [f"remove {len(orphans)} PCR record(s) of bindings gone"] if orphans else []
         return _would(ret, "would " + ", then ".join(steps))
+    kept = _keyslots_of_keys(name, old_slots, key_file, previous_key_file)
+    if kept:
+        return _done(
+            ret,
+            f"{name}: keyslots {kept} that a Clevis token names are opened by the recovery or the previous "
+            "key: a token on the key's keyslot is not Clevis's; not touching the device, check it with "
+            "cryptsetup luksDump. Nothing was changed.",
+            result=False,
+        )
     changes = {}
-    if bind:
-        before = {s for t in tokens for s in t["keyslots"]}
-        ok, err = _run_clevis(core.commands.clevis_bind(name, key_file, policy))
+    if not current:
+        ok, err = _bind_anew(name, key_file, policy, tokens, dead, changes)
         if not ok:
-            return _done(ret, f"clevis luks bind {name} failed: {err}", result=False)
-        changes["bound"] = {
-            **(
-                {
-                    "servers": [s["url"] for s in policy["tang"]["servers"]],
-                    "threshold": policy["tang"]["threshold"],
-                }
-                if policy["tang"]
-                else {}
-            ),
-            **({"tpm2": policy["tpm2"]} if policy["tpm2"] else {}),
-        }
-        if policy["tpm2"]:
-            ok, err = _record_pcrs(name, before, policy["tpm2"])
-            if not ok:
-                return _done(ret, f"bound {name} to {wanted}, but {err}", result=False, **changes)
-    for slot in stale_slots:
+            return _done(ret, err, result=False, **changes)
+    for slot in unrecorded:
+        ok, err = _record_pcrs(name, slot, policy["tpm2"])
+        if not ok:
+            return _done(ret, f"{name}: {err}", result=False, **changes)
+        changes.setdefault("pcrs_recorded", []).append(int(slot))
+    for slot in old_slots:
+        if slot in changes.get("unbound", {}).get("keyslots", []):
+            continue
         ok, err = _run_clevis(core.commands.clevis_unbind(name, slot))
         if not ok:
             return _done(
@@ -810,10 +838,10 @@ def clevis_bound(name, key_file, policy, header_backup=None, previous_key_file=N
                 **changes,
             )
         changes.setdefault("pcr_records_removed", []).append(token_id)
-    comment = f"bound {name} to {wanted}" if bind else f"{name} is bound to {wanted}"
-    if stale_slots:
-        comment += f"; removed the binding that no longer opened ({_why_stale(drifted)})"
-    if header_backup and (bind or stale_slots):
+    comment = f"bound {name} to {wanted}" if not current else f"{name} is bound to {wanted}"
+    if old_slots:
+        comment += f"; removed the binding that no longer opened ({why})"
+    if header_backup and (not current or old_slots):
         ok, done = _back_up_header(name, header_backup, key_file, previous_key_file, policy)
         if not ok:
             return _done(ret, f"{comment}, but {done}", result=False, **changes)
@@ -822,13 +850,73 @@ def clevis_bound(name, key_file, policy, header_backup=None, previous_key_file=N
     return _done(ret, comment, **changes)
 
 
-def _why_stale(drifted):
-    if not drifted:
-        return "made with a Tang key the pillar no longer names"
-    return "; ".join(
-        f"keyslot {slot} sealed to {', '.join(f'PCR {i}' for i in pcrs)}, changed since"
-        for slot, pcrs in sorted(drifted.items())
-    )
+def _odd_clevis_tokens(tokens):
+    """The ids of Clevis tokens that are not one binding in a keyslot no other token names."""
+    slots = [s for t in tokens for s in t["keyslots"]]
+    return [t["id"] for t in tokens if len(t["keyslots"]) != 1 or slots.count(t["keyslots"][0]) > 1]
+
+
+def _keyslots_of_keys(device, slots, key_file, previous_key_file):
+    """Those of ``slots`` the recovery key or the previous key opens (or that could not be
+    tried): never a Clevis keyslot to remove."""
+    if not slots:
+        return []
+    kept = set()
+    for key in [k for k in (key_file, previous_key_file) if k and os.path.exists(k)]:
+        tried = __salt__["hana_storage_host.key_slots"](device, key, keyslots=slots)
+        kept |= {int(s) for s in tried["keyslots"]}
+        if tried["error"]:
+            kept |= set(slots)
+    return sorted(kept)
+
+
+def _bind_anew(name, key_file, policy, tokens, dead, changes):
+    """Bind ``name`` to ``policy`` in a new keyslot, prove that it opens, and record its PCRs
+    (TPM2): (ok, error). When the header has no room for a second binding, the bindings proven
+    not to open (``dead``) are removed first; the recovery key's keyslot stays."""
+    before = {s for t in tokens for s in t["keyslots"]}
+    ok, err = _run_clevis(core.commands.clevis_bind(name, key_file, policy))
+    if not ok and dead:
+        for slot in sorted(int(s) for s in dead):
+            gone, why = _run_clevis(core.commands.clevis_unbind(name, slot))
+            if not gone:
+                return (
+                    False,
+                    f"clevis luks bind {name} failed ({err}), and freeing keyslot {slot} failed: {why}",
+                )
+            changes.setdefault("unbound", {"keyslots": []})["keyslots"].append(slot)
+        before -= {str(s) for s in dead}
+        ok, err = _run_clevis(core.commands.clevis_bind(name, key_file, policy))
+    if not ok:
+        return False, f"clevis luks bind {name} failed: {err}"
+    header = __salt__["hana_storage_host.luks_header"](name)
+    new = [
+        s for t in header.get("tokens", []) if t["type"] == "clevis" for s in t["keyslots"] if s not in before
+    ]
+    changes["bound"] = {
+        **(
+            {
+                "servers": [s["url"] for s in policy["tang"]["servers"]],
+                "threshold": policy["tang"]["threshold"],
+            }
+            if policy["tang"]
+            else {}
+        ),
+        **({"tpm2": policy["tpm2"]} if policy["tpm2"] else {}),
+    }
+    if len(new) != 1:
+        return False, f"bound {name}, but its new Clevis keyslot cannot be told ({new}): kept the old binding"
+    opens = __salt__["hana_storage_host.clevis_opens"](name, new[0])
+    if not opens["opens"]:
+        return (
+            False,
+            f"bound {name}, but the new binding does not open ({opens['error']}): kept the old binding",
+        )
+    if policy["tpm2"] and policy["tpm2"]["pcr_ids"]:
+        ok, err = _record_pcrs(name, new[0], policy["tpm2"])
+        if not ok:
+            return False, f"bound {name}, but {err}"
+    return True, None
 
 
 def _orphan_pcr_tokens(header):
@@ -842,15 +930,9 @@ def _orphan_pcr_tokens(header):
     ]
 
 
-def _record_pcrs(device, before, tpm2):
-    """Record, in a token of the formula's own on the new Clevis keyslot (one not in ``before``),
-    the PCR values the binding just made was sealed to: (ok, error)."""
-    header = __salt__["hana_storage_host.luks_header"](device)
-    new = [
-        s for t in header.get("tokens", []) if t["type"] == "clevis" for s in t["keyslots"] if s not in before
-    ]
-    if len(new) != 1:
-        return False, f"the new Clevis keyslot cannot be told ({new}): its PCR values were not recorded"
+def _record_pcrs(device, slot, tpm2):
+    """Record, in a token of the formula's own on Clevis keyslot ``slot``, the PCR values its
+    TPM2 binding is sealed to (read now: just bound, or proven to open): (ok, error)."""
     try:
         values = __salt__["hana_storage_host.pcr_values"](tpm2["pcr_bank"], tpm2["pcr_ids"])
     except CommandExecutionError as error:
@@ -861,7 +943,7 @@ def _record_pcrs(device, before, tpm2):
         python_shell=False,
         output_loglevel="quiet",
         ignore_retcode=True,
-        stdin=core.tpm.pcr_token(new[0], tpm2["pcr_bank"], values),
+        stdin=core.tpm.pcr_token(slot, tpm2["pcr_bank"], values),
     )
     if result["retcode"]:
         return False, f"recording its PCR values failed: {_brief(result['stderr'] or result['stdout'])}"

@@ -198,6 +198,7 @@ class Lab:
         paths=1,
         cpu=None,
         tpm=False,
+        fips=False,
     ):
         self.disks, self.disk_size = disks, disk_size
         # paths=2: every disk image is attached twice, both with the serial lun<N>, as a SAN LUN
@@ -212,6 +213,9 @@ class Lab:
         # a TPM 2.0 (swtpm, its state under the lab directory) behind QEMU's tpm-tis device: the
         # guest's /dev/tpm0 and /dev/tpmrm0, as a vTPM (PowerVM, NitroTPM, Azure, GCP) gives a host
         self.tpm, self.swtpm = tpm, None
+        # the kernel in FIPS mode (fips=1): /proc/sys/crypto/fips_enabled says 1 and the kernel's
+        # crypto runs its self-tests and refuses what FIPS forbids, as on a FIPS host
+        self.fips = fips
         self.shared = self.workdir / "shared"
         self.console = self.workdir / "console.log"
         self.qmp = self.workdir / "qmp.sock"
@@ -297,6 +301,7 @@ class Lab:
             # cracklib dictionary there
             *(["--rodir", CRACKLIB] if os.path.isdir(CRACKLIB) else []),
             *(["--network", "user"] if self.network else []),
+            *(["--append", "fips=1"] if self.fips else []),
             "--exec",
             f"sh {self.shared}/agent.sh {self.shared}",
         ]

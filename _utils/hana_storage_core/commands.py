@@ -8,6 +8,7 @@ import json
 
 SECTOR = 512
 LUKS2_DEFAULT_DATA_OFFSET = 16 << 20  # cryptsetup's LUKS2 header + keyslots area
+LUKS2_METADATA_SIZE = "64k"  # each of the two copies of the LUKS2 header and its JSON
 
 
 def luks_data_offset(stripe_kib, stripes):
@@ -46,6 +47,11 @@ def luks_format(device, key_file, luks, label=None, offset_sectors=None, uuid=No
         str(luks["key_size"]),
         "--sector-size",
         str(luks["sector_size"]),
+        # room for two Clevis tokens of Tang servers and a TPM2 (~7 KiB each with two servers):
+        # a binding is replaced by binding anew, then removing the old one (the default 16 KiB
+        # holds 12 KiB of JSON); the data offset stays where it was
+        "--luks2-metadata-size",
+        LUKS2_METADATA_SIZE,
         *pbkdf_args(luks.get("pbkdf", {})),
         "--key-file",
         key_file,
@@ -134,8 +140,9 @@ def clevis_config(policy):
         else:
             pins["sss"] = {"t": tang["threshold"], "pins": {"tang": servers}}
     if policy["tpm2"]:
-        tpm2 = {"pcr_bank": policy["tpm2"]["pcr_bank"]}
+        tpm2 = {}
         if policy["tpm2"]["pcr_ids"]:
+            tpm2["pcr_bank"] = policy["tpm2"]["pcr_bank"]
             tpm2["pcr_ids"] = ",".join(str(i) for i in policy["tpm2"]["pcr_ids"])
         pins["tpm2"] = tpm2
     if len(pins) == 1:

@@ -15,6 +15,7 @@ import base64
 import binascii
 import hashlib
 import json
+import re
 import struct
 
 from . import tpm
@@ -264,7 +265,7 @@ def _json_area(area, offset):
     text = area.split(b"\0", 1)[0]
     try:
         metadata = json.loads(text.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as error:
+    except (UnicodeDecodeError, ValueError, RecursionError) as error:
         raise LuksError(f"header at {offset}: JSON metadata unreadable ({error})") from None
     if not isinstance(metadata, dict):
         raise LuksError(f"header at {offset}: JSON metadata is not an object")
@@ -369,7 +370,7 @@ def clevis_binding(token):
         }
     except ClevisPolicyError as error:
         return {"error": str(error)}
-    except (KeyError, TypeError, ValueError, AttributeError) as error:
+    except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as error:
         return {"error": f"unreadable Clevis token: {type(error).__name__}: {error}"}
 
 
@@ -377,8 +378,13 @@ class ClevisPolicyError(ValueError):
     """A Clevis binding of a shape the formula does not make."""
 
 
-def _clevis_policy(header):
+MAX_SSS_DEPTH = 2  # the formula nests one sss (of Tang pins) inside another (with the TPM2's)
+
+
+def _clevis_policy(header, depth=0):
     """(Tang part {"threshold", "servers"} or None, TPM2 part or None) of one pin's header."""
+    if depth > MAX_SSS_DEPTH:
+        raise ClevisPolicyError("sss policies nested deeper than the formula makes them")
     clevis = header["clevis"]
     pin = clevis["pin"]
     if pin == "tang":
@@ -388,7 +394,10 @@ def _clevis_policy(header):
     if pin != "sss":
         raise ClevisPolicyError(f"pin {pin!r} is not tang, tpm2 or sss")
     threshold = int(clevis["sss"]["t"])
-    shares = [_clevis_policy(_protected_header(compact.split(".")[0])) for compact in clevis["sss"]["jwe"]]
+    shares = [
+        _clevis_policy(_protected_header(compact.split(".")[0]), depth + 1)
+        for compact in clevis["sss"]["jwe"]
+    ]
     if all(tang and not tpm2 and tang["threshold"] == 1 for tang, tpm2 in shares):
         return {"threshold": threshold, "servers": [s for tang, _ in shares for s in tang["servers"]]}, None
     tpm2_shares = [tpm2 for tang, tpm2 in shares if tpm2 and not tang]
@@ -400,14 +409,27 @@ def _clevis_policy(header):
     )
 
 
+# members of a tpm2 pin that widen its policy beyond the PCRs (clevis-pin-tpm2's signed
+# policies): a binding with them opens in ways the pillar does not name
+WIDER_TPM2_POLICY = ("policy_pubkey_path", "policy_path", "policy_ref")
+PCR_IDS = re.compile(r"^(?:[0-9]{1,2}(?:,[0-9]{1,2})*)?$")
+
+
 def _tpm2_policy(tpm2):
+    """{"pcr_bank", "pcr_ids"} of a tpm2 pin; the bank is None when no PCR is named (Clevis
+    writes no bank then, and none matters)."""
+    wider = [m for m in WIDER_TPM2_POLICY if m in tpm2]
+    if wider:
+        raise ClevisPolicyError(f"a tpm2 pin with {', '.join(wider)}: a policy beyond the PCRs")
     ids = tpm2.get("pcr_ids", "")
-    if isinstance(ids, list):
+    if isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         ids = ",".join(str(i) for i in ids)
-    pcr_ids = sorted(int(i) for i in str(ids).split(",") if i.strip())
-    bank = tpm2.get("pcr_bank", "sha1")  # Clevis' own default before it chose by the TPM
-    if not isinstance(bank, str) or not all(0 <= i <= 23 for i in pcr_ids):
-        raise ValueError(f"a tpm2 pin's PCRs: {bank!r} {pcr_ids!r}")
+    if not isinstance(ids, str) or not PCR_IDS.match(ids):
+        raise ClevisPolicyError(f"a tpm2 pin's pcr_ids are not PCR numbers: {str(ids)[:40]!r}")
+    pcr_ids = sorted({int(i) for i in ids.split(",") if i})
+    bank = tpm2.get("pcr_bank", "sha1") if pcr_ids else None  # sha1: old Clevis's default
+    if (pcr_ids and not isinstance(bank, str)) or not all(0 <= i <= 23 for i in pcr_ids):
+        raise ClevisPolicyError(f"a tpm2 pin's PCRs: {str(bank)[:20]!r} {pcr_ids!r}")
     return {"pcr_bank": bank, "pcr_ids": pcr_ids}
 
 

@@ -57,6 +57,15 @@ MIN_KEY_BYTES = 32
 # own, a recovery key in a keyslot beside the binding
 CLEVIS_SOURCES = ("tang", "tpm2")
 DEFAULT_PCR_BANK = "sha256"
+# PCRs a binding made while the host runs cannot be sealed to: their value at boot, when the
+# disks are opened, is not the one they have later (or anyone can reset them)
+RUNTIME_PCRS = {
+    10: "IMA extends it with every file measured while the host runs",
+    11: "systemd-stub and systemd-pcrphase extend it through the boot, after the disks open",
+    15: "systemd extends it with the machine ID and the volume keys it opens",
+    16: "it is the debug PCR: anyone can reset it",
+    23: "it is the application PCR: anyone can reset it",
+}
 # mkfs options that would bypass the data-loss guard or fight the stripe alignment done here.
 FORBIDDEN_MKFS = {
     "-f": "would overwrite an existing filesystem; use allow_format instead",
@@ -300,6 +309,12 @@ def _key_errors(key, where):
             if field in key:
                 errors.append(
                     f"{keypath(*where, field)}: not used with source {source} (the recovery key has its own)"
+                )
+        for index, pcr in enumerate((key.get("tpm2") or {}).get("pcr_ids", [])):
+            if pcr in RUNTIME_PCRS:
+                errors.append(
+                    f"{keypath(*where, 'tpm2', 'pcr_ids', index)}: PCR {pcr} cannot seal a disk key: "
+                    f"{RUNTIME_PCRS[pcr]} (PCR 7, the Secure Boot state, is the usual one)"
                 )
         if source == "tpm2":
             for field in ("servers", "threshold"):
@@ -736,10 +751,9 @@ def clevis_policy(key):
             "threshold": key.get("threshold", 1),
         }
     if "tpm2" in key:
-        tpm2 = {
-            "pcr_bank": key["tpm2"].get("pcr_bank", DEFAULT_PCR_BANK),
-            "pcr_ids": sorted(key["tpm2"].get("pcr_ids", [])),
-        }
+        ids = sorted(key["tpm2"].get("pcr_ids", []))
+        # no PCR: this TPM whatever boots, no bank to read (Clevis records none)
+        tpm2 = {"pcr_bank": key["tpm2"].get("pcr_bank", DEFAULT_PCR_BANK) if ids else None, "pcr_ids": ids}
     return {"tang": tang, "tpm2": tpm2}
 
 

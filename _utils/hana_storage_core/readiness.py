@@ -83,14 +83,14 @@ PROBLEMS = {
     ),
     "pcr_changed": (
         "the TPM2 binding of keyslot {keyslot} is sealed to PCRs that changed since it was bound: {pcrs}",
-        "if the change was planned (firmware, Secure Boot keys, boot loader), state.apply hana.storage binds "
-        "again to the PCRs as they are now with the recovery key and removes the old binding; if not, find out "
-        "what changed the boot chain before anything else",
+        "if the change was planned (firmware, Secure Boot keys, boot loader): state.apply hana.storage "
+        'pillar=\'{{"hana": {{"storage": {{"tpm2_reseal": true}}}}}}\' binds again to the PCRs as they are now, '
+        "with the recovery key, and removes the old binding; if not, find out what changed the boot chain first",
     ),
     "tpm_unreadable": (
         "the TPM's PCRs cannot be read: {error}",
         "check the TPM (ls /dev/tpmrm0; tpm2_pcrread); a vTPM that was removed is a new TPM: bind again with "
-        "the recovery key (state.apply hana.storage)",
+        "the recovery key (state.apply hana.storage with pillar hana:storage:tpm2_reseal true)",
     ),
     "clevis_fails": (
         "Clevis unlocks no keyslot now: {error}",

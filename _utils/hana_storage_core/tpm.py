@@ -9,19 +9,26 @@ import re
 # values its policy was sealed to, so that a changed PCR can be named (the sealed policy holds
 # only their digest)
 PCR_TOKEN = "hana-storage-pcrs"
-PCR_VALUE = re.compile(r"^[0-9a-f]{40,128}$")
+# the PCR banks a policy may name, with the length of their digests in hex
+BANKS = {"sha1": 40, "sha256": 64, "sha384": 96, "sha512": 128}
+HEX = re.compile(r"^[0-9a-f]+$")
+
+
+def valid_value(bank, value):
+    """Is ``value`` a PCR value of ``bank`` (lowercase hex of the bank's digest length)?"""
+    return isinstance(value, str) and len(value) == BANKS.get(bank, -1) and bool(HEX.match(value))
 
 
 def pcr_record(token):
     """{"pcr_bank", "values": {pcr id (int): hex digest}} of a PCR_TOKEN, or {"error"}."""
     bank, values = token.get("pcr_bank"), token.get("values")
-    if not isinstance(bank, str) or not isinstance(values, dict):
-        return {"error": "a PCR record without pcr_bank and values"}
+    if bank not in BANKS or not isinstance(values, dict):
+        return {"error": "a PCR record without a known pcr_bank and its values"}
     try:
         read = {int(k): v for k, v in values.items()}
     except (TypeError, ValueError):
         return {"error": "a PCR record naming no PCR"}
-    if not all(0 <= k <= 23 and isinstance(v, str) and PCR_VALUE.match(v) for k, v in read.items()):
+    if not all(0 <= k <= 23 and valid_value(bank, v) for k, v in read.items()):
         return {"error": "a PCR record with values no PCR has"}
     return {"pcr_bank": bank, "values": read}
 
@@ -39,26 +46,52 @@ def pcr_token(keyslot, bank, values):
     )
 
 
+def records(header):
+    """{Clevis keyslot id (str): its PCR record} for the TPM2 bindings of a parsed ``header``
+    that have exactly one valid record of exactly their policy's bank and PCRs. Anything else
+    (two records for a keyslot, a record of other PCRs, one on a keyslot no TPM2 binding has) is
+    no record: which PCR changed is then not known, and the binding is asked instead."""
+    policies = {
+        token["keyslots"][0]: token["clevis"]["tpm2"]
+        for token in header.get("tokens", [])
+        if token["type"] == "clevis"
+        and (token.get("clevis") or {}).get("tpm2")
+        and len(token["keyslots"]) == 1
+    }
+    found = {}
+    for token in header.get("tokens", []):
+        record = token.get("pcrs") if token["type"] == PCR_TOKEN else None
+        if not record or "error" in record or len(token["keyslots"]) != 1:
+            continue
+        slot = token["keyslots"][0]
+        policy = policies.get(slot)
+        if (
+            policy
+            and record["pcr_bank"] == policy["pcr_bank"]
+            and sorted(record["values"]) == policy["pcr_ids"]
+        ):
+            found[slot] = None if slot in found else record
+    return {slot: record for slot, record in found.items() if record}
+
+
+def wanted_pcrs(header):
+    """{bank: [pcr ids]}: the PCRs to read to compare the records of ``header`` with the TPM."""
+    wanted = {}
+    for record in records(header).values():
+        wanted.setdefault(record["pcr_bank"], set()).update(record["values"])
+    return {bank: sorted(ids) for bank, ids in wanted.items()}
+
+
 def pcr_drift(header, current):
     """{Clevis keyslot id (str): [PCR ids that changed since it was bound]} for each Clevis TPM2
-    binding of the parsed ``header`` that has a PCR record, with ``current`` {bank: {pcr id:
-    hex}} the TPM's values now (a bank missing: not compared). Bindings without a record (not
-    made by the formula) are left out: which PCR changed cannot be told for them."""
-    records = {
-        slot: token["pcrs"]
-        for token in header.get("tokens", [])
-        if token["type"] == PCR_TOKEN and "error" not in token.get("pcrs", {"error": 1})
-        for slot in token["keyslots"]
-    }
+    binding of the parsed ``header`` that has a record (``records``), with ``current`` {bank:
+    {pcr id: hex}} the TPM's values now (a bank missing: not compared). Bindings without a record
+    are left out: which PCR changed cannot be told for them."""
     drift = {}
-    for token in header.get("tokens", []):
-        if token["type"] != "clevis" or not (token["clevis"].get("tpm2")):
-            continue
-        for slot in token["keyslots"]:
-            record = records.get(slot)
-            now = current.get(record["pcr_bank"]) if record else None
-            if now is not None:
-                drift[slot] = sorted(i for i, value in record["values"].items() if now.get(i) != value)
+    for slot, record in records(header).items():
+        now = current.get(record["pcr_bank"])
+        if now is not None:
+            drift[slot] = sorted(i for i, value in record["values"].items() if now.get(i) != value)
     return drift
 
 
@@ -77,9 +110,12 @@ def parse_pcrread(text):
         if not line.strip():
             continue
         if found := PCRREAD_BANK.match(line):
-            bank = banks.setdefault(found.group(1), {})
+            name = found.group(1)
+            bank = banks.setdefault(name, {})
         elif (found := PCRREAD_VALUE.match(line)) and bank is not None:
             bank[int(found.group(1))] = found.group(2).lower()
+            if name in BANKS and not valid_value(name, found.group(2).lower()):
+                raise PcrReadError(f"tpm2_pcrread line {number}: not a {name} value")
         else:
             raise PcrReadError(f"tpm2_pcrread line {number} is not a bank or a PCR: {line.strip()[:80]!r}")
     return banks

@@ -296,6 +296,8 @@ def test_luks_format_names_the_key_by_file_only():
         "512",
         "--sector-size",
         "4096",
+        "--luks2-metadata-size",
+        "64k",
         "--pbkdf",
         "argon2id",
         "--pbkdf-memory",

@@ -8,6 +8,7 @@ import importlib.util
 import json
 import os
 import re
+import subprocess
 from unittest.mock import MagicMock
 
 import pytest
@@ -72,6 +73,7 @@ def salt_functions(marks):
         "hana_storage.validate_pillar": MagicMock(return_value=[]),
         "lvm.lvdisplay": MagicMock(return_value={}),
         "cmd.run_all": MagicMock(return_value={"retcode": 0, "stdout": "", "stderr": ""}),
+        "hana_storage_host.clevis_opens": MagicMock(return_value={"opens": True, "error": None}),
     }
     functions["hana_storage_host.unit_enabled"] = host_function("unit_enabled", functions)
     return functions
@@ -643,7 +645,8 @@ LUKS_WHAT = "LUKS2 aes-xts-plain64, 512-bit key, 4096-byte sectors, argon2id, at
 
 def luks_format_argv(key_file, *tail):
     return ["cryptsetup", "luksFormat", "--batch-mode", "--type", "luks2", "--cipher", "aes-xts-plain64",
-            "--key-size", "512", "--sector-size", "4096", "--pbkdf", "argon2id", "--pbkdf-memory", "1048576",
+            "--key-size", "512", "--sector-size", "4096", "--luks2-metadata-size", "64k",
+            "--pbkdf", "argon2id", "--pbkdf-memory", "1048576",
             "--key-file", key_file, "--label", "hana_data", *tail, "--uuid", ANY_UUID, LV]  # fmt: skip
 
 
@@ -817,19 +820,31 @@ TANG = {"servers": [{"url": "http://tang.example:7500", "thumbprint": "T" * 43}]
 POLICY = {"tang": TANG, "tpm2": None}
 
 
-def clevis_token(servers, threshold=1):
+def clevis_token(servers, threshold=1, slot=1):
     binding = {"pin": "tang" if len(servers) == 1 else "sss", "threshold": threshold,
                "servers": [{"url": url, "thumbprints": [thp, "sha1-" + thp[:22]], "kid": "k"}
                            for url, thp in servers]}  # fmt: skip
-    return {"id": 0, "type": "clevis", "keyslots": [1], "clevis": binding}
+    return {"id": slot - 1, "type": "clevis", "keyslots": [str(slot)], "clevis": binding}
+
+
+NEW_SLOT = "7"  # where a fake `clevis luks bind` puts its binding
 
 
 def luks_tokens(salt_functions, *tokens):
-    salt_functions["hana_storage_host.luks_header"].return_value = {
-        "uuid": "u-1",
-        "flags": [],
-        "tokens": list(tokens),
-    }
+    """The device's LUKS header holds ``tokens``; the commands the state runs change it as
+    Clevis would: a bind adds a token (of the pillar's TANG) in keyslot NEW_SLOT, an unbind
+    removes the token of its keyslot."""
+    calls = salt_functions["cmd.run_all"].call_args_list
+
+    def header(*_args, **_kwargs):
+        argvs = [call.args[0] for call in calls]
+        unbound = {argv[argv.index("-s") + 1] for argv in argvs if argv[:3] == ["clevis", "luks", "unbind"]}
+        now = [t for t in tokens if not set(map(str, t["keyslots"])) & unbound]
+        if any(argv[:3] == ["clevis", "luks", "bind"] for argv in argvs):
+            now.append(clevis_token([("http://tang.example:7500", "T" * 43)], slot=int(NEW_SLOT)))
+        return {"uuid": "u-1", "flags": [], "tokens": now}
+
+    salt_functions["hana_storage_host.luks_header"].side_effect = header
 
 
 def test_clevis_bound_binds_an_unbound_device_with_the_pinned_thumbprint(salt_functions):
@@ -870,8 +885,14 @@ def test_clevis_bound_keeps_the_pillars_binding(salt_functions):
     "tokens",
     [
         [clevis_token([("http://rogue.example", "R" * 43)])],
-        [clevis_token([("http://tang.example:7500", "T" * 43)]), clevis_token([("http://rogue", "R" * 43)])],
-        [clevis_token([("http://tang.example:7500", "R" * 43)]), clevis_token([("http://rogue", "R" * 43)])],
+        [
+            clevis_token([("http://tang.example:7500", "T" * 43)]),
+            clevis_token([("http://rogue", "R" * 43)], slot=2),
+        ],
+        [
+            clevis_token([("http://tang.example:7500", "R" * 43)]),
+            clevis_token([("http://rogue", "R" * 43)], slot=2),
+        ],
         [{"id": 0, "type": "clevis", "keyslots": [1], "clevis": {"error": "unreadable Clevis token"}}],
     ],
     ids=["other-server", "one-extra-binding", "stale-beside-a-foreign-one", "unreadable"],
@@ -884,7 +905,7 @@ def test_clevis_bound_refuses_to_bind_beside_a_binding_not_the_pillars(salt_func
     assert_nothing_done(salt_functions)
 
 
-ROTATED = dict(clevis_token([("http://tang.example:7500", "O" * 43)]), keyslots=[2])  # the old key's
+ROTATED = clevis_token([("http://tang.example:7500", "O" * 43)], slot=2)  # the old key's
 
 
 def test_clevis_bound_binds_again_then_removes_a_binding_made_with_a_rotated_away_key(salt_functions):
@@ -1656,6 +1677,21 @@ def test_clevis_bound_backs_the_header_up_again_after_binding(
     real_headers, make_luks, keyfile, tmp_path, salt_functions
 ):
     image, backup = make_luks(), tmp_path / "hana_data.luks-header"
+
+    run = salt_functions["cmd.run_all"].side_effect
+
+    def clevis_bind(argv, **kwargs):
+        """What `clevis luks bind` leaves on the header: a keyslot and a Clevis token on it."""
+        if argv[:3] != ["clevis", "luks", "bind"]:
+            return run(argv, **kwargs)
+        cheap = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"]
+        add = ["luksAddKey", "-q", *cheap, "--key-file", str(keyfile), str(image), str(keyfile)]
+        token = json.dumps({"type": "clevis", "keyslots": ["1"], "jwe": {}})
+        for args, stdin in ((add, None), (["token", "import", str(image)], token)):
+            subprocess.run(["cryptsetup", *args], input=stdin, text=True, check=True, capture_output=True)
+        return {"retcode": 0, "stdout": "", "stderr": ""}
+
+    salt_functions["cmd.run_all"].side_effect = clevis_bind
     ret = states.clevis_bound(str(image), str(keyfile), POLICY, header_backup=str(backup))
     assert ret["result"] is True, ret
     assert ret["changes"] == {
@@ -2042,6 +2078,7 @@ def test_clevis_runs_in_a_private_tmpdir_on_the_scratch_ramfs_that_is_removed(
         return {"retcode": 0, "stdout": "", "stderr": ""}
 
     salt_functions["cmd.run_all"].side_effect = clevis
+    luks_tokens(salt_functions)
     ret = states.clevis_bound(LV, "/k", POLICY)
     assert ret["result"] is True, ret
     assert len(seen) == 1 and seen[0].startswith(str(scratch) + "/clevis-")

@@ -90,10 +90,7 @@ def test_clevis_configs_for_tpm2_alone_tang_and_tpm2_and_several_tang_servers_wi
         "tpm2",
         json.dumps({"pcr_bank": "sha256", "pcr_ids": "7"}),
     )
-    assert commands.clevis_config({"tang": None, "tpm2": {"pcr_bank": "sha256", "pcr_ids": []}}) == (
-        "tpm2",
-        json.dumps({"pcr_bank": "sha256"}),
-    )
+    assert commands.clevis_config({"tang": None, "tpm2": {"pcr_bank": None, "pcr_ids": []}}) == ("tpm2", "{}")
     one = {"servers": [SERVER], "threshold": 1}
     pin, config = commands.clevis_config({"tang": one, "tpm2": TPM2})
     assert pin == "sss" and json.loads(config) == {
@@ -164,10 +161,14 @@ TPM2_BINDING = {"pin": "tpm2", "threshold": 0, "servers": [], "tpm2": TPM2}
 
 
 def test_pcr_drift_names_the_pcrs_that_changed_since_binding_and_skips_bindings_without_a_record():
-    then = {0: "00" * 32, 7: "11" * 32}
+    then = {7: "11" * 32}
     header = header_with([("1", TPM2_BINDING), ("2", TPM2_BINDING)], [("1", then)])
     assert tpm.pcr_drift(header, {"sha256": then}) == {"1": []}
     assert tpm.pcr_drift(header, {"sha256": {0: "00" * 32, 7: "22" * 32}}) == {"1": [7]}
+    # a record of other PCRs than its binding's, or two records for one keyslot: no record
+    other = header_with([("1", TPM2_BINDING)], [("1", {0: "00" * 32, 7: "11" * 32})])
+    twice = header_with([("1", TPM2_BINDING)], [("1", then), ("1", then)])
+    assert tpm.pcr_drift(other, {"sha256": then}) == {} and tpm.pcr_drift(twice, {"sha256": then}) == {}
     assert tpm.pcr_drift(header, {}) == {}  # the bank was not read: nothing compared
 
 
@@ -370,7 +371,7 @@ def test_clevis_bound_binds_again_after_a_pcr_changed_then_removes_the_old_bindi
     )
     salt_functions["hana_storage_host.pcr_drift"] = lambda device: {"1": [7]}
     salt_functions["hana_storage_host.pcr_values"] = lambda bank, ids: dict(NOW)
-    ret = states.clevis_bound(LV, "/k", POLICY)
+    ret = states.clevis_bound(LV, "/k", POLICY, reseal=True)  # the change was planned: tpm2_reseal
     assert ret["result"] is True, ret
     assert [argv for argv in argvs_run(salt_functions) if argv[0] != "cryptsetup" or argv[1] != "token"][
         1:
@@ -392,9 +393,54 @@ def test_clevis_bound_keeps_a_tpm2_binding_whose_pcrs_are_as_bound(salt_function
 def test_clevis_bound_in_test_mode_says_it_would_bind_again_and_changes_nothing(salt_functions, dry_run):
     headers(salt_functions, [tpm2_token(1), record_token(1, 1, {7: "11" * 32})])
     salt_functions["hana_storage_host.pcr_drift"] = lambda device: {"1": [7]}
-    ret = states.clevis_bound(LV, "/k", POLICY)
+    ret = states.clevis_bound(LV, "/k", POLICY, reseal=True)
     assert ret["result"] is None and argvs_run(salt_functions) == []
     assert "would bind" in ret["comment"] and "PCR 7" in ret["comment"]
+
+
+@pytest.mark.parametrize("test", [False, True], ids=["apply", "test"])
+def test_a_pcr_change_nobody_planned_fails_the_state_and_changes_nothing(salt_functions, opts, test):
+    """Sealing to whatever booted would bless a boot chain someone changed: without the pillar's
+    tpm2_reseal the state names the PCR, says how to proceed, and runs nothing."""
+    opts["test"] = test
+    headers(salt_functions, [tpm2_token(1), record_token(1, 1, {7: "11" * 32})])
+    salt_functions["hana_storage_host.pcr_drift"] = lambda device: {"1": [7]}
+    ret = states.clevis_bound(LV, "/k", POLICY)
+    assert ret["result"] is False and ret["changes"] == {} and argvs_run(salt_functions) == []
+    assert "PCR 7" in ret["comment"] and "tpm2_reseal" in ret["comment"]
+
+
+def test_a_binding_without_a_record_that_opens_gets_one_and_one_that_does_not_needs_reseal(salt_functions):
+    headers(salt_functions, [tpm2_token(1)], [tpm2_token(1), record_token(1, 1, NOW)])
+    salt_functions["hana_storage_host.pcr_drift"] = lambda device: {}
+    salt_functions["hana_storage_host.pcr_values"] = lambda bank, ids: dict(NOW)
+    ret = states.clevis_bound(LV, "/k", POLICY)
+    assert ret["result"] is True and ret["changes"] == {"pcrs_recorded": [1]}, ret
+    assert [argv[:3] for argv in argvs_run(salt_functions)] == [["cryptsetup", "token", "import"]]
+    salt_functions["cmd.run_all"].reset_mock()
+    headers(salt_functions, [tpm2_token(1)])
+    salt_functions["hana_storage_host.clevis_opens"].return_value = {
+        "opens": False,
+        "error": "policy check failed",
+    }
+    ret = states.clevis_bound(LV, "/k", POLICY)
+    assert ret["result"] is False and "does not open" in ret["comment"] and argvs_run(salt_functions) == []
+
+
+def test_clevis_bound_never_removes_a_keyslot_the_recovery_key_opens(salt_functions, tmp_path):
+    """A token on the recovery key's keyslot (written with cryptsetup token import, no key
+    needed) that reads as a drifted TPM2 binding: the state refuses instead of unbinding it."""
+    recovery = tmp_path / "recovery.key"
+    recovery.write_bytes(b"r" * 64)
+    headers(salt_functions, [tpm2_token(0), record_token(0, 1, {7: "11" * 32})])
+    salt_functions["hana_storage_host.pcr_drift"] = lambda device: {"0": [7]}
+    salt_functions["hana_storage_host.key_slots"] = lambda device, key, keyslots=None: {
+        "keyslots": [0],
+        "error": None,
+    }
+    ret = states.clevis_bound(LV, str(recovery), POLICY, reseal=True)
+    assert ret["result"] is False and "opened by the recovery" in ret["comment"], ret
+    assert argvs_run(salt_functions) == []
 
 
 def test_clevis_bound_refuses_when_the_tpm_cannot_be_read(salt_functions):

@@ -6,9 +6,12 @@ disks) to the TPM2 and a real Tang server on the host's loopback in one sss poli
 recovery key (a pillar key). The apply binds them, the audit compares the bindings with the
 pillar, readiness says yes and a boot without Salt opens every line. Then PCR 7 is extended, as
 a Secure Boot change would: readiness names PCR 7 on every line, the boot without Salt leaves
-every line locked, an apply binds again with the recovery key to the PCRs as they are now,
-readiness says yes and the boot opens everything, the data's checksums unchanged.
+every line locked, an apply refuses to seal to the changed PCR until told the change was planned
+(tpm2_reseal), then binds again with the recovery key to the PCRs as they are now, readiness says
+yes and the boot opens everything, the data's checksums unchanged.
 """
+
+import json
 
 import pytest
 import yaml
@@ -58,8 +61,8 @@ def vm(request, tang):
     return vm
 
 
-def apply(vm, title):
-    applied = vm.salt("state.apply hana.storage", title=title)
+def apply(vm, title, command="state.apply hana.storage"):
+    applied = vm.salt(command, title=title)
     assert applied.retcode == 0, [s["comment"] for s in applied.ret.values() if s["result"] is not True]
     return applied
 
@@ -117,14 +120,26 @@ def test_a_changed_pcr_is_named_the_boot_fails_as_foreseen_and_an_apply_binds_an
     )
     ready, problems = readiness(vm)
     assert ready is False and problems == dict.fromkeys(CRYPTS, ["pcr_changed", "clevis_fails"]), problems
-    result = vm.salt("hana_storage.boot_readiness", check=True).ret
+    result = vm.salt("hana_storage.boot_readiness").ret  # retcode 1: not ready
     causes = [p["cause"] for line in result["lines"] for p in line["problems"] if p["code"] == "pcr_changed"]
     assert len(causes) == len(CRYPTS) and all("PCR 7" in c for c in causes), causes
     close_storage(vm, MOUNTPOINTS, VGS)
     out = boot_without_salt(vm, expect_locked=CRYPTS, attach_timeout=20)
     assert not any(f"mounted {m}" in out for m in MOUNTPOINTS), out
 
-    applied = apply(vm, "state.apply: bind again to the PCRs as they are now")
+    refused = vm.salt("state.apply hana.storage", title="state.apply: nobody said the PCR change was planned")
+    clevis = [s for s in refused.ret.values() if "-clevis-" in s["__id__"]]
+    assert len(clevis) == len(CRYPTS) and all(s["result"] is False and not s["changes"] for s in clevis), (
+        clevis
+    )
+    assert all("PCR 7" in s["comment"] and "tpm2_reseal" in s["comment"] for s in clevis), clevis
+    assert all(len(b) == 1 for b in bindings(vm).values())  # the old bindings, untouched
+    reseal = json.dumps({"hana": {"storage": {"tpm2_reseal": True}}})
+    applied = apply(
+        vm,
+        "state.apply with tpm2_reseal: the change was planned",
+        f"state.apply hana.storage pillar='{reseal}'",
+    )
     rebound = [s for s in applied.ret.values() if "-clevis-" in s["__id__"]]
     assert len(rebound) == len(CRYPTS) and all("PCR 7" in s["comment"] for s in rebound), rebound
     assert all(len(b) == 1 for b in bindings(vm).values())  # the old bindings are gone

@@ -85,6 +85,7 @@ hana-storage-{{ name }}-clevis-{{ loop.index0 }}:
     - name: {{ crypt.device }}
     - key_file: {{ volume.key.file }}
     - policy: {{ volume.key.clevis | json }}
+    - reseal: {{ hana_storage.config.get('tpm2_reseal', False) | json }}
     - header_backup: {{ crypt.header_backup | json }}
 {%-         if volume.key.previous %}
     - previous_key_file: {{ volume.key.previous.file }}
