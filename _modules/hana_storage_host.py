@@ -10,6 +10,7 @@ the package ``hana_storage_core``; the stable interface is ``hana_storage``'s, w
 
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import platform
@@ -519,6 +520,56 @@ def clevis_opens(device, keyslot):
     except OSError as error:
         return {"opens": False, "error": str(error)}
     return {"opens": code == 0, "error": None if code == 0 else said}
+
+
+def tpm2_unseals(device, keyslot):
+    """
+    Does the TPM2 share of the Clevis binding in keyslot ``keyslot`` of the LUKS2 ``device``
+    unseal now (``clevis decrypt`` of that share alone: no Tang server is asked, so a Tang
+    outage is not taken for a changed PCR)? Reads only; the share goes to /dev/null.
+    ``{"unseals": True/False, or None when the TPM could not be asked, "error"}``.
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' hana_storage_host.tpm2_unseals /dev/vdc 1
+    """
+    slot = str(keyslot)
+    ids = [
+        t["id"]
+        for t in luks_header(device).get("tokens", [])
+        if t["type"] == "clevis" and [str(s) for s in t["keyslots"]] == [slot]
+    ]
+    if len(ids) != 1:
+        return {"unseals": None, "error": f"keyslot {slot} has no Clevis token of its own"}
+    out, error = _run(["cryptsetup", "token", "export", "--token-id", str(ids[0]), os.path.realpath(device)])
+    try:
+        share = core.luks.tpm2_share(json.loads(out)) if not error else None
+    except ValueError:
+        share = None
+    if share is None:
+        return {"unseals": None, "error": error or f"the Clevis token of keyslot {slot} has no TPM2 share"}
+    try:
+        child = subprocess.Popen(  # noqa: S603 - a fixed argv, no shell
+            core.commands.clevis_decrypt(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,  # the share
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            env=CLEVIS_ENV,
+        )
+    except FileNotFoundError:
+        return {"unseals": None, "error": "clevis is not installed"}
+    try:
+        _out, err = child.communicate(share.encode(), timeout=CLEVIS_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+        child.communicate()
+        return {"unseals": None, "error": f"the TPM gave no answer within {CLEVIS_TIMEOUT} s"}
+    said = " ".join(err.decode(errors="replace").split())[:300]
+    return {"unseals": child.returncode == 0, "error": None if child.returncode == 0 else said}
 
 
 def _clevis_pass(copy, slot, timeout):

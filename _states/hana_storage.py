@@ -758,8 +758,9 @@ def clevis_bound(name, key_file, policy, header_backup=None, previous_key_file=N
             result=False,
         )
     dead, unrecorded = {}, []
-    if policy["tpm2"] and policy["tpm2"]["pcr_ids"] and by_verdict["matches"]:  # no PCR: no drift
-        drift = __salt__["hana_storage_host.pcr_drift"](name)
+    tpm2 = policy["tpm2"]
+    if tpm2 and by_verdict["matches"]:
+        drift = __salt__["hana_storage_host.pcr_drift"](name) if tpm2["pcr_ids"] else {}
         if "error" in drift:
             return _done(ret, f"{name}: its TPM2 binding cannot be checked: {drift['error']}", result=False)
         for token in by_verdict["matches"]:
@@ -768,47 +769,64 @@ def clevis_bound(name, key_file, policy, header_backup=None, previous_key_file=N
                 dead[slot] = (
                     f"keyslot {slot} is sealed to {', '.join(f'PCR {i}' for i in drift[slot])}, changed since"
                 )
-            elif slot not in drift:  # no record of its PCRs: ask Clevis whether it opens
-                opens = __salt__["hana_storage_host.clevis_opens"](name, slot)
-                if opens["opens"]:
+                continue
+            # no record of its PCRs, or told to reseal (a cleared or replaced TPM keeps the PCRs):
+            # ask the TPM about its share alone, so that a Tang outage is never taken for it
+            if (tpm2["pcr_ids"] and slot not in drift) or reseal:
+                unseals = __salt__["hana_storage_host.tpm2_unseals"](name, slot)
+                if unseals["unseals"] is None:
+                    return _done(
+                        ret, f"{name}: its TPM2 binding cannot be checked: {unseals['error']}", result=False
+                    )
+                if not unseals["unseals"]:
+                    dead[slot] = f"keyslot {slot}: the TPM no longer unseals it ({unseals['error']})"
+                elif tpm2["pcr_ids"] and slot not in drift:
                     unrecorded.append(slot)
-                else:
-                    dead[slot] = f"keyslot {slot} does not open now ({opens['error']})"
     if dead and not reseal:
         return _done(
             ret,
             f"{name}: its TPM2 binding no longer opens: {'; '.join(dead.values())}. If the change was "
-            "planned (firmware, Secure Boot keys, boot loader), apply once with pillar "
+            "planned (firmware, Secure Boot keys, boot loader, a new TPM), apply once with pillar "
             "hana:storage:tpm2_reseal true to bind again to the PCRs as they are now; if not, find out "
             "what changed the boot chain. Nothing was changed.",
             result=False,
         )
     current = [t for t in by_verdict["matches"] if t["keyslots"][0] not in dead]
     old_slots = sorted({int(t["keyslots"][0]) for t in by_verdict["stale"]} | {int(slot) for slot in dead})
-    orphans = _orphan_pcr_tokens(header)
-    if current and not old_slots and not orphans and not unrecorded:
+    stale_records = core.tpm.stale_records(header)
+    if current and not old_slots and not stale_records and not unrecorded:
         return _done(ret, f"{name} is bound to {wanted}")
     if header_backup and (old_slots or not current):  # the backup is made again below
         _problem, keep = _backup_verdict(name, header, header_backup, key_file, previous_key_file, policy)
         if keep:
             return _done(ret, f"not binding {name}: {keep} Nothing was changed.", result=False)
-    why = "; ".join(dead.values()) or "made with a Tang key the pillar no longer names"
-    if __opts__["test"]:
-        steps = ([f"bind {name} to {wanted}"] if not current else []) + (
-            [f"remove the binding that no longer opens (keyslots {old_slots}: {why})"] if old_slots else []
-        )
-        steps += [f"record the PCRs of keyslots {unrecorded}"] if unrecorded else []
-        steps += [f"remove {len(orphans)} PCR record(s) of bindings gone"] if orphans else []
-        return _would(ret, "would " + ", then ".join(steps))
-    kept = _keyslots_of_keys(name, old_slots, key_file, previous_key_file)
-    if kept:
+    kept, why_not = _keyslots_of_keys(name, old_slots, key_file, previous_key_file)
+    if kept or why_not:
         return _done(
             ret,
-            f"{name}: keyslots {kept} that a Clevis token names are opened by the recovery or the previous "
-            "key: a token on the key's keyslot is not Clevis's; not touching the device, check it with "
-            "cryptsetup luksDump. Nothing was changed.",
+            f"{name}: {why_not or ''}{'; ' if why_not and kept else ''}"
+            + (
+                f"keyslots {kept} that a Clevis token names are opened by the recovery or the previous key: "
+                "a token on the key's keyslot is not Clevis's"
+                if kept
+                else ""
+            )
+            + "; not touching the device, check it with cryptsetup luksDump. Nothing was changed.",
             result=False,
         )
+    why = "; ".join(dead.values()) or "made with a Tang key the pillar no longer names"
+    if __opts__["test"]:
+        steps = ([f"bind {name} to {wanted} and prove the new binding opens"] if not current else []) + (
+            [
+                f"remove the binding that no longer opens (keyslots {old_slots}: {why}; first, should the "
+                "header have no room for both and the TPM still not unseal it)"
+            ]
+            if old_slots
+            else []
+        )
+        steps += [f"record the PCRs of keyslots {unrecorded}"] if unrecorded else []
+        steps += [f"remove {len(stale_records)} PCR record(s) of no binding"] if stale_records else []
+        return _would(ret, "would " + ", then ".join(steps))
     changes = {}
     if not current:
         ok, err = _bind_anew(name, key_file, policy, tokens, dead, changes)
@@ -828,7 +846,7 @@ def clevis_bound(name, key_file, policy, header_backup=None, previous_key_file=N
                 ret, f"clevis luks unbind {name} keyslot {slot} failed: {err}", result=False, **changes
             )
         changes.setdefault("unbound", {"keyslots": []})["keyslots"].append(slot)
-    for token_id in _orphan_pcr_tokens(__salt__["hana_storage_host.luks_header"](name)):
+    for token_id in core.tpm.stale_records(__salt__["hana_storage_host.luks_header"](name)):
         ok, err = _run(core.commands.luks_token_remove(name, token_id))
         if not ok:
             return _done(
@@ -857,26 +875,34 @@ def _odd_clevis_tokens(tokens):
 
 
 def _keyslots_of_keys(device, slots, key_file, previous_key_file):
-    """Those of ``slots`` the recovery key or the previous key opens (or that could not be
-    tried): never a Clevis keyslot to remove."""
+    """(those of ``slots`` the recovery key or the previous key opens, or that could not be
+    tried; why none could be tried, or None): never a Clevis keyslot to remove."""
     if not slots:
-        return []
+        return [], None
+    missing = [k for k in (key_file, previous_key_file) if k and not os.path.exists(k)]
+    if missing:
+        return [], f"the key files {missing} are not there: which keyslots they open cannot be told"
     kept = set()
-    for key in [k for k in (key_file, previous_key_file) if k and os.path.exists(k)]:
+    for key in [k for k in (key_file, previous_key_file) if k]:
         tried = __salt__["hana_storage_host.key_slots"](device, key, keyslots=slots)
         kept |= {int(s) for s in tried["keyslots"]}
         if tried["error"]:
             kept |= set(slots)
-    return sorted(kept)
+    return sorted(kept), None
 
 
 def _bind_anew(name, key_file, policy, tokens, dead, changes):
     """Bind ``name`` to ``policy`` in a new keyslot, prove that it opens, and record its PCRs
-    (TPM2): (ok, error). When the header has no room for a second binding, the bindings proven
-    not to open (``dead``) are removed first; the recovery key's keyslot stays."""
+    (TPM2): (ok, error). When the bind fails and the TPM still does not unseal a binding that no
+    longer opens (``dead``: the header may have no room for two), that one is removed first and
+    the bind tried again; the recovery key's keyslot stays either way."""
     before = {s for t in tokens for s in t["keyslots"]}
     ok, err = _run_clevis(core.commands.clevis_bind(name, key_file, policy))
+    freed = []
     if not ok and dead:
+        for slot in sorted(int(s) for s in dead):
+            if __salt__["hana_storage_host.tpm2_unseals"](name, slot)["unseals"] is not False:
+                return False, f"clevis luks bind {name} failed: {err}"
         for slot in sorted(int(s) for s in dead):
             gone, why = _run_clevis(core.commands.clevis_unbind(name, slot))
             if not gone:
@@ -884,11 +910,18 @@ def _bind_anew(name, key_file, policy, tokens, dead, changes):
                     False,
                     f"clevis luks bind {name} failed ({err}), and freeing keyslot {slot} failed: {why}",
                 )
+            freed.append(slot)
             changes.setdefault("unbound", {"keyslots": []})["keyslots"].append(slot)
         before -= {str(s) for s in dead}
         ok, err = _run_clevis(core.commands.clevis_bind(name, key_file, policy))
+    old = (
+        f"the binding that no longer opened was removed to make room (keyslots {freed}): {name} has no "
+        "Clevis binding now and opens with the recovery key only; apply again once that is fixed"
+        if freed
+        else "kept the old binding"
+    )
     if not ok:
-        return False, f"clevis luks bind {name} failed: {err}"
+        return False, f"clevis luks bind {name} failed: {err}" + (f"; {old}" if freed else "")
     header = __salt__["hana_storage_host.luks_header"](name)
     new = [
         s for t in header.get("tokens", []) if t["type"] == "clevis" for s in t["keyslots"] if s not in before
@@ -905,29 +938,15 @@ def _bind_anew(name, key_file, policy, tokens, dead, changes):
         **({"tpm2": policy["tpm2"]} if policy["tpm2"] else {}),
     }
     if len(new) != 1:
-        return False, f"bound {name}, but its new Clevis keyslot cannot be told ({new}): kept the old binding"
+        return False, f"bound {name}, but its new Clevis keyslot cannot be told ({new}): {old}"
     opens = __salt__["hana_storage_host.clevis_opens"](name, new[0])
     if not opens["opens"]:
-        return (
-            False,
-            f"bound {name}, but the new binding does not open ({opens['error']}): kept the old binding",
-        )
+        return False, f"bound {name}, but the new binding does not open ({opens['error']}): {old}"
     if policy["tpm2"] and policy["tpm2"]["pcr_ids"]:
         ok, err = _record_pcrs(name, new[0], policy["tpm2"])
         if not ok:
             return False, f"bound {name}, but {err}"
     return True, None
-
-
-def _orphan_pcr_tokens(header):
-    """The ids of the formula's PCR record tokens whose Clevis binding is gone (clevis luks
-    unbind removes its keyslot and its own token, not ours)."""
-    bound = {s for t in header.get("tokens", []) if t["type"] == "clevis" for s in t["keyslots"]}
-    return [
-        t["id"]
-        for t in header.get("tokens", [])
-        if t["type"] == core.tpm.PCR_TOKEN and not set(t["keyslots"]) & bound
-    ]
 
 
 def _record_pcrs(device, slot, tpm2):
@@ -937,6 +956,11 @@ def _record_pcrs(device, slot, tpm2):
         values = __salt__["hana_storage_host.pcr_values"](tpm2["pcr_bank"], tpm2["pcr_ids"])
     except CommandExecutionError as error:
         return False, f"its PCR values were not recorded: {error}"
+    for token in __salt__["hana_storage_host.luks_header"](device).get("tokens", []):
+        if token["type"] == core.tpm.PCR_TOKEN and str(slot) in [str(s) for s in token["keyslots"]]:
+            ok, err = _run(core.commands.luks_token_remove(device, token["id"]))  # replaced, not added to
+            if not ok:
+                return False, f"removing the old PCR record token {token['id']} failed: {err}"
     _forget_reads()
     result = __salt__["cmd.run_all"](
         core.commands.luks_token_import(device),

@@ -8,7 +8,7 @@ import json
 
 SECTOR = 512
 LUKS2_DEFAULT_DATA_OFFSET = 16 << 20  # cryptsetup's LUKS2 header + keyslots area
-LUKS2_METADATA_SIZE = "64k"  # each of the two copies of the LUKS2 header and its JSON
+LUKS2_METADATA_SIZE = "128k"  # each of the two copies of the LUKS2 header and its JSON
 
 
 def luks_data_offset(stripe_kib, stripes):
@@ -47,9 +47,9 @@ def luks_format(device, key_file, luks, label=None, offset_sectors=None, uuid=No
         str(luks["key_size"]),
         "--sector-size",
         str(luks["sector_size"]),
-        # room for two Clevis tokens of Tang servers and a TPM2 (~7 KiB each with two servers):
-        # a binding is replaced by binding anew, then removing the old one (the default 16 KiB
-        # holds 12 KiB of JSON); the data offset stays where it was
+        # room for two Clevis tokens of up to 16 Tang servers and a TPM2 (about 1 KiB and 2.4 KiB
+        # a server each): a binding is replaced by binding anew, then removing the old one (the
+        # default 16 KiB holds 12 KiB of JSON); the data offset stays where it was
         "--luks2-metadata-size",
         LUKS2_METADATA_SIZE,
         *pbkdf_args(luks.get("pbkdf", {})),

@@ -433,6 +433,26 @@ def _tpm2_policy(tpm2):
     return {"pcr_bank": bank, "pcr_ids": pcr_ids}
 
 
+def tpm2_share(token):
+    """The compact JWE of the TPM2 share of a Clevis token (its whole JWE for a tpm2 pin; the
+    tpm2 share of an sss), or None: what ``clevis decrypt`` unseals with the TPM alone, without
+    asking any Tang server. ``token``: the token's JSON (cryptsetup token export)."""
+    try:
+        jwe = token["jwe"]
+        clevis = _protected_header(jwe["protected"])["clevis"]
+        if clevis["pin"] == "tpm2":
+            return ".".join(
+                jwe.get(part, "") for part in ("protected", "encrypted_key", "iv", "ciphertext", "tag")
+            )
+        if clevis["pin"] == "sss":
+            for compact in clevis["sss"]["jwe"]:
+                if _protected_header(compact.split(".")[0])["clevis"]["pin"] == "tpm2":
+                    return compact
+    except (KeyError, TypeError, ValueError, AttributeError, RecursionError):
+        return None
+    return None
+
+
 def _protected_header(text):
     try:
         raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))

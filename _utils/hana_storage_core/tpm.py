@@ -70,8 +70,16 @@ def records(header):
             and record["pcr_bank"] == policy["pcr_bank"]
             and sorted(record["values"]) == policy["pcr_ids"]
         ):
-            found[slot] = None if slot in found else record
+            found[slot] = None if slot in found else {**record, "token": token["id"]}
     return {slot: record for slot, record in found.items() if record}
+
+
+def stale_records(header):
+    """The ids of the PCR record tokens of ``header`` that ``records`` does not take: of a
+    binding gone (clevis luks unbind removes its keyslot and its own token, not ours), of other
+    PCRs than their binding's, or one of two for a keyslot."""
+    taken = {record["token"] for record in records(header).values()}
+    return [t["id"] for t in header.get("tokens", []) if t["type"] == PCR_TOKEN and t["id"] not in taken]
 
 
 def wanted_pcrs(header):

@@ -297,7 +297,7 @@ def test_luks_format_names_the_key_by_file_only():
         "--sector-size",
         "4096",
         "--luks2-metadata-size",
-        "64k",
+        "128k",
         "--pbkdf",
         "argon2id",
         "--pbkdf-memory",

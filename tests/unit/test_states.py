@@ -74,6 +74,8 @@ def salt_functions(marks):
         "lvm.lvdisplay": MagicMock(return_value={}),
         "cmd.run_all": MagicMock(return_value={"retcode": 0, "stdout": "", "stderr": ""}),
         "hana_storage_host.clevis_opens": MagicMock(return_value={"opens": True, "error": None}),
+        "hana_storage_host.tpm2_unseals": MagicMock(return_value={"unseals": True, "error": None}),
+        "hana_storage_host.key_slots": MagicMock(return_value={"keyslots": [], "error": None}),
     }
     functions["hana_storage_host.unit_enabled"] = host_function("unit_enabled", functions)
     return functions
@@ -645,7 +647,7 @@ LUKS_WHAT = "LUKS2 aes-xts-plain64, 512-bit key, 4096-byte sectors, argon2id, at
 
 def luks_format_argv(key_file, *tail):
     return ["cryptsetup", "luksFormat", "--batch-mode", "--type", "luks2", "--cipher", "aes-xts-plain64",
-            "--key-size", "512", "--sector-size", "4096", "--luks2-metadata-size", "64k",
+            "--key-size", "512", "--sector-size", "4096", "--luks2-metadata-size", "128k",
             "--pbkdf", "argon2id", "--pbkdf-memory", "1048576",
             "--key-file", key_file, "--label", "hana_data", *tail, "--uuid", ANY_UUID, LV]  # fmt: skip
 
@@ -908,7 +910,10 @@ def test_clevis_bound_refuses_to_bind_beside_a_binding_not_the_pillars(salt_func
 ROTATED = clevis_token([("http://tang.example:7500", "O" * 43)], slot=2)  # the old key's
 
 
-def test_clevis_bound_binds_again_then_removes_a_binding_made_with_a_rotated_away_key(salt_functions):
+def test_clevis_bound_binds_again_then_removes_a_binding_made_with_a_rotated_away_key(
+    salt_functions, monkeypatch
+):
+    fake_paths(monkeypatch, present=["/k"])  # the recovery key, in place
     luks_tokens(salt_functions, ROTATED)
     ret = states.clevis_bound(LV, "/k", POLICY)
     assert ret["result"] is True
@@ -923,14 +928,16 @@ def test_clevis_bound_binds_again_then_removes_a_binding_made_with_a_rotated_awa
     }
 
 
-def test_clevis_bound_killed_between_bind_and_unbind_only_unbinds_next_time(salt_functions):
+def test_clevis_bound_killed_between_bind_and_unbind_only_unbinds_next_time(salt_functions, monkeypatch):
+    fake_paths(monkeypatch, present=["/k"])  # the recovery key, in place
     luks_tokens(salt_functions, clevis_token([("http://tang.example:7500", "T" * 43)]), ROTATED)
     ret = states.clevis_bound(LV, "/k", POLICY)
     assert ret["result"] is True and ret["changes"] == {"unbound": {"keyslots": [2]}}
     assert argvs_run(salt_functions) == [["clevis", "luks", "unbind", "-d", LV, "-s", "2", "-f"]]
 
 
-def test_clevis_bound_keeps_the_old_binding_when_binding_again_fails(salt_functions):
+def test_clevis_bound_keeps_the_old_binding_when_binding_again_fails(salt_functions, monkeypatch):
+    fake_paths(monkeypatch, present=["/k"])  # the recovery key, in place
     # the server does not advertise the pillar's new thumbprint (yet): clevis refuses to bind
     luks_tokens(salt_functions, ROTATED)
     fail_commands(salt_functions, "Trust fingerprint mismatch")
@@ -939,7 +946,10 @@ def test_clevis_bound_keeps_the_old_binding_when_binding_again_fails(salt_functi
     assert [argv[2] for argv in argvs_run(salt_functions)] == ["bind"]
 
 
-def test_clevis_bound_in_test_mode_says_it_would_bind_again_and_does_nothing(salt_functions, dry_run):
+def test_clevis_bound_in_test_mode_says_it_would_bind_again_and_does_nothing(
+    salt_functions, dry_run, monkeypatch
+):
+    fake_paths(monkeypatch, present=["/k"])  # the recovery key, in place
     luks_tokens(salt_functions, ROTATED)
     ret = states.clevis_bound(LV, "/k", POLICY)
     assert ret["result"] is None and ret["changes"] == {}

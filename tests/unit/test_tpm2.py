@@ -329,18 +329,32 @@ def record_token(slot, token_id, values):
     return {"id": token_id, "type": tpm.PCR_TOKEN, "keyslots": raw["keyslots"], "pcrs": tpm.pcr_record(raw)}
 
 
+@pytest.fixture
+def recovery(tmp_path):
+    """The recovery key's file, in place (what key_present makes sure of before)."""
+    path = tmp_path / "recovery.key"
+    path.write_bytes(b"r" * 64)
+    return path
+
+
 def argvs_run(salt_functions):
     return [call.args[0] for call in salt_functions["cmd.run_all"].call_args_list]
 
 
 def headers(salt_functions, *sequence):
-    salt_functions["hana_storage_host.luks_header"].side_effect = [
-        {"uuid": "u-1", "flags": [], "tokens": list(tokens)} for tokens in sequence
-    ]
+    """The device's header reads as each of ``sequence`` in turn, then as the last one."""
+    reads = iter(sequence)
+    last = {}
+
+    def read(*_args):
+        last["tokens"] = next(reads, last.get("tokens"))
+        return {"uuid": "u-1", "flags": [], "tokens": list(last["tokens"])}
+
+    salt_functions["hana_storage_host.luks_header"].side_effect = read
 
 
 def test_clevis_bound_binds_to_the_tpm2_and_records_the_pcrs_it_sealed_to(salt_functions):
-    headers(salt_functions, [], [tpm2_token(1)], [tpm2_token(1), record_token(1, 1, NOW)])
+    headers(salt_functions, [], [tpm2_token(1)], [tpm2_token(1)], [tpm2_token(1), record_token(1, 1, NOW)])
     salt_functions["hana_storage_host.pcr_values"] = lambda bank, ids: dict(NOW)
     ret = states.clevis_bound(LV, "/k", POLICY)
     assert ret["result"] is True, ret
@@ -359,7 +373,7 @@ def test_clevis_bound_binds_to_the_tpm2_and_records_the_pcrs_it_sealed_to(salt_f
 
 
 def test_clevis_bound_binds_again_after_a_pcr_changed_then_removes_the_old_binding_and_its_record(
-    salt_functions,
+    salt_functions, recovery
 ):
     then = {7: "11" * 32}
     before = [tpm2_token(1), record_token(1, 1, then)]
@@ -371,7 +385,7 @@ def test_clevis_bound_binds_again_after_a_pcr_changed_then_removes_the_old_bindi
     )
     salt_functions["hana_storage_host.pcr_drift"] = lambda device: {"1": [7]}
     salt_functions["hana_storage_host.pcr_values"] = lambda bank, ids: dict(NOW)
-    ret = states.clevis_bound(LV, "/k", POLICY, reseal=True)  # the change was planned: tpm2_reseal
+    ret = states.clevis_bound(LV, str(recovery), POLICY, reseal=True)  # the change was planned: tpm2_reseal
     assert ret["result"] is True, ret
     assert [argv for argv in argvs_run(salt_functions) if argv[0] != "cryptsetup" or argv[1] != "token"][
         1:
@@ -390,10 +404,12 @@ def test_clevis_bound_keeps_a_tpm2_binding_whose_pcrs_are_as_bound(salt_function
     assert ret["result"] is True and ret["changes"] == {} and argvs_run(salt_functions) == []
 
 
-def test_clevis_bound_in_test_mode_says_it_would_bind_again_and_changes_nothing(salt_functions, dry_run):
+def test_clevis_bound_in_test_mode_says_it_would_bind_again_and_changes_nothing(
+    salt_functions, dry_run, recovery
+):
     headers(salt_functions, [tpm2_token(1), record_token(1, 1, {7: "11" * 32})])
     salt_functions["hana_storage_host.pcr_drift"] = lambda device: {"1": [7]}
-    ret = states.clevis_bound(LV, "/k", POLICY, reseal=True)
+    ret = states.clevis_bound(LV, str(recovery), POLICY, reseal=True)
     assert ret["result"] is None and argvs_run(salt_functions) == []
     assert "would bind" in ret["comment"] and "PCR 7" in ret["comment"]
 
@@ -411,7 +427,7 @@ def test_a_pcr_change_nobody_planned_fails_the_state_and_changes_nothing(salt_fu
 
 
 def test_a_binding_without_a_record_that_opens_gets_one_and_one_that_does_not_needs_reseal(salt_functions):
-    headers(salt_functions, [tpm2_token(1)], [tpm2_token(1), record_token(1, 1, NOW)])
+    headers(salt_functions, [tpm2_token(1)], [tpm2_token(1)], [tpm2_token(1), record_token(1, 1, NOW)])
     salt_functions["hana_storage_host.pcr_drift"] = lambda device: {}
     salt_functions["hana_storage_host.pcr_values"] = lambda bank, ids: dict(NOW)
     ret = states.clevis_bound(LV, "/k", POLICY)
@@ -419,12 +435,15 @@ def test_a_binding_without_a_record_that_opens_gets_one_and_one_that_does_not_ne
     assert [argv[:3] for argv in argvs_run(salt_functions)] == [["cryptsetup", "token", "import"]]
     salt_functions["cmd.run_all"].reset_mock()
     headers(salt_functions, [tpm2_token(1)])
-    salt_functions["hana_storage_host.clevis_opens"].return_value = {
-        "opens": False,
+    salt_functions["hana_storage_host.tpm2_unseals"].return_value = {
+        "unseals": False,
         "error": "policy check failed",
     }
     ret = states.clevis_bound(LV, "/k", POLICY)
-    assert ret["result"] is False and "does not open" in ret["comment"] and argvs_run(salt_functions) == []
+    assert (
+        ret["result"] is False and "no longer unseals" in ret["comment"] and "tpm2_reseal" in ret["comment"]
+    )
+    assert argvs_run(salt_functions) == []
 
 
 def test_clevis_bound_never_removes_a_keyslot_the_recovery_key_opens(salt_functions, tmp_path):
