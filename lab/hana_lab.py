@@ -384,6 +384,7 @@ class Lab:
             raise LabError("a lab TPM needs swtpm: run make deps (Debian packages swtpm, swtpm-tools)")
         self._stop_tpm()  # a restarted guest: a new swtpm on the same state, as a power cycle
         state, sock = self.workdir / "tpm", self.workdir / "swtpm.sock"
+        self._kill_stale_tpm(state)
         if self.fresh:
             shutil.rmtree(state, ignore_errors=True)
         state.mkdir(parents=True, exist_ok=True)
@@ -394,12 +395,26 @@ class Lab:
              "--log", f"file={log},level=1"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
+        (self.workdir / "swtpm.pid").write_text(str(self.swtpm.pid))
         deadline = time.monotonic() + 30
         while not sock.exists():
             if self.swtpm.poll() is not None or time.monotonic() > deadline:
                 raise LabError(f"swtpm did not start (rc {self.swtpm.poll()}); read {log}")
             time.sleep(0.1)
         return f" -chardev socket,id=chrtpm,path={sock} -tpmdev emulator,id=tpm0,chardev=chrtpm -device tpm-tis,tpmdev=tpm0"
+
+    def _kill_stale_tpm(self, state):
+        """A swtpm a killed test run left behind on this lab directory (its own session, like the
+        VM's): killed, so that two never serve one state."""
+        pidfile = self.workdir / "swtpm.pid"
+        try:
+            pid = int(pidfile.read_text())
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:  # the same swtpm, not a pid reused since
+                if str(state).encode() in handle.read():
+                    os.kill(pid, 9)
+        except (OSError, ValueError):
+            pass
+        pidfile.unlink(missing_ok=True)
 
     def _stop_tpm(self):
         if self.swtpm is not None:
