@@ -328,6 +328,12 @@ RULES = {
         rationale="A retired key left in the pillar keeps key material in circulation after its cryptoperiod.",
         controls=(*KEYS, "PCI-3.7.5"),
     ),
+    "HANA-KEY-009": Rule(
+        "high",
+        "the pillar keeps tpm2_reseal: every apply seals the TPM2 volumes to whatever booted",
+        rationale="A changed boot chain would be sealed to by the next apply instead of being looked at.",
+        controls=(*KEYS, "PCI-3.7.7"),
+    ),
 }
 
 
@@ -776,6 +782,16 @@ class VolumeAudit:
             self.reencryption[path] = reencryption
         if header and self.volume["key"].get("clevis"):
             self._clevis_rules(path, header)
+            if self.plan.get("tpm2_reseal") and self.volume["key"]["clevis"]["tpm2"]:
+                self.add(
+                    "HANA-KEY-009",
+                    path,
+                    "tpm2_reseal given on the command line for one apply, not kept in the pillar",
+                    True,
+                    f"{path}: the pillar keeps hana:storage:tpm2_reseal, so every apply binds this TPM2 volume "
+                    "again to whatever booted; remove it from the pillar and give it on the command line after "
+                    "a planned change only",
+                )
         if header and header["version"] != 2:
             self.add(
                 "HANA-ENC-002",

@@ -688,6 +688,7 @@ def test_every_rule_has_a_test():
     }
     tested |= {"HANA-KEY-003", "HANA-KEY-004", "HANA-KEY-006", "HANA-KEY-007", "HANA-KEY-008"}
     tested |= {"HANA-LAYOUT-007", "HANA-ENC-008"}  # ENC-008: test_fips.py
+    tested |= {"HANA-KEY-009"}  # test_tpm2.py
     assert tested == set(rules.RULES)
 
 

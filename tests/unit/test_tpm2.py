@@ -263,6 +263,10 @@ def test_a_real_tpm2_binding_is_read_back_as_the_pillar_made_it_and_is_compliant
     # the pillar asks other PCRs: a binding it does not name (HANA-KEY-003), never "stale"
     other = with_key({"source": "tpm2", "tpm2": {"pcr_ids": [7, 8]}, "recovery": RECOVERY})
     assert found(tpm2_facts(header), other) == [("HANA-KEY-003", "data", "/dev/mapper/hana_data")]
+    # tpm2_reseal kept in the pillar: every apply would seal to whatever booted (HANA-KEY-009)
+    kept = with_key({"source": "tpm2", "tpm2": TPM2, "recovery": RECOVERY})
+    kept["tpm2_reseal"] = True
+    assert found(tpm2_facts(header), kept) == [("HANA-KEY-009", "data", "/dev/mapper/hana_data")]
     # a TPM2 binding where the pillar names Tang alone is not the pillar's either
     tang_only = with_key({"source": "tang", "servers": [SERVER], "recovery": RECOVERY})
     assert ("HANA-KEY-003", "data", "/dev/mapper/hana_data") in found(tpm2_facts(header, True), tang_only)
