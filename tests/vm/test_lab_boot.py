@@ -300,7 +300,7 @@ def test_a_tang_server_that_deleted_its_rotated_keys_is_foreseen_and_the_apply_b
     tang.forget_rotated()
     assert readiness(vm) == (False, dict.fromkeys(TANG_CRYPTS, ["clevis_fails"]))
     close_storage(vm, MOUNTPOINTS, VGS)
-    out = boot_without_salt(vm, expect_locked=TANG_CRYPTS, attach_timeout=10)
+    out = boot_without_salt(vm, expect_locked=TANG_CRYPTS, clevis_timeout=10)
     assert sorted(m for m in MOUNTPOINTS if f"mounted {m}" in out) == ["/hana/data", "/hana/shared"], out
     for volume in ("log", "backup"):
         vm.storage["volumes"][volume]["key"]["servers"][0]["thumbprint"] = tang.thumbprint
@@ -324,7 +324,7 @@ def test_without_tang_only_the_tang_volumes_stay_locked_as_readiness_foresees(vm
     try:
         assert readiness(vm) == (False, dict.fromkeys(TANG_CRYPTS, ["clevis_fails"]))
         close_storage(vm, MOUNTPOINTS, VGS)
-        out = boot_without_salt(vm, expect_locked=TANG_CRYPTS, attach_timeout=10)
+        out = boot_without_salt(vm, expect_locked=TANG_CRYPTS, clevis_timeout=10)
     finally:
         tang.start()
     assert readiness(vm) == (True, {})  # Tang is back: the next boot opens them
