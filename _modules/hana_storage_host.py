@@ -550,48 +550,40 @@ def tpm2_unseals(device, keyslot):
         share = None
     if share is None:
         return {"unseals": None, "error": error or f"the Clevis token of keyslot {slot} has no TPM2 share"}
-    try:
-        child = subprocess.Popen(  # noqa: S603 - a fixed argv, no shell
-            core.commands.clevis_decrypt(),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,  # the share
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            env=CLEVIS_ENV,
-        )
-    except FileNotFoundError:
-        return {"unseals": None, "error": "clevis is not installed"}
-    try:
-        _out, err = child.communicate(share.encode(), timeout=CLEVIS_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.pid, signal.SIGKILL)
-        child.communicate()
-        return {"unseals": None, "error": f"the TPM gave no answer within {CLEVIS_TIMEOUT} s"}
-    said = " ".join(err.decode(errors="replace").split())[:300]
-    return {"unseals": child.returncode == 0, "error": None if child.returncode == 0 else said}
+    code, said = _clevis_child(core.commands.clevis_decrypt(), CLEVIS_TIMEOUT, stdin=share.encode())
+    if code is None:
+        return {"unseals": None, "error": f"clevis decrypt of the TPM2 share: {said}"}
+    return {"unseals": code == 0, "error": None if code == 0 else said}
 
 
 def _clevis_pass(copy, slot, timeout):
     """(exit code, what it said) of ``clevis luks pass`` on the header copy ``copy`` (a
     /proc/<pid>/fd/<n> path). The copy is handed down as the child's own descriptor and named
-    /dev/fd/<n>, so no process of it can reach another file by that number; on a timeout its
-    whole process group goes (clevis's curl, its subshells)."""
+    /dev/fd/<n>, so no process of it can reach another file by that number."""
     descriptor = int(copy.rsplit("/", 1)[-1])
+    argv = ["clevis", "luks", "pass", "-d", f"/dev/fd/{descriptor}", "-s", slot]
+    return _clevis_child(argv, timeout, pass_fds=(descriptor,))
+
+
+def _clevis_child(argv, timeout, stdin=None, pass_fds=()):
+    """(exit code, what it said on stderr) of the Clevis command ``argv`` given ``stdin`` (bytes);
+    (None, why) when it is not installed or gave no answer within ``timeout`` s. What it
+    decrypts (a passphrase, a share) goes to /dev/null; on a timeout its whole process group goes
+    (clevis's curl, its subshells, a tpm2 tool waiting on the TPM)."""
     try:
         child = subprocess.Popen(  # noqa: S603 - a fixed argv, no shell
-            ["clevis", "luks", "pass", "-d", f"/dev/fd/{descriptor}", "-s", slot],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,  # the passphrase
+            argv,
+            stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
-            pass_fds=(descriptor,),
+            pass_fds=pass_fds,
             start_new_session=True,
             env=CLEVIS_ENV,
         )
     except FileNotFoundError:
         return None, "clevis is not installed"
     try:
-        _out, err = child.communicate(timeout=timeout)
+        _out, err = child.communicate(stdin, timeout=timeout)
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(child.pid, signal.SIGKILL)
