@@ -696,7 +696,9 @@ def _removals_begun(name, header=None):
     return uuid, fingerprints, begun
 
 
-def clevis_bound(name, key_file, policy, header_backup=None, previous_key_file=None, reseal=False):
+def clevis_bound(
+    name, key_file, policy, header_backup=None, previous_key_file=None, reseal=False, fips=False
+):
     """
     The LUKS2 device ``name`` is bound by Clevis to exactly the pillar's ``policy`` (the plan's
     ``key.clevis``: Tang servers with their thumbprints and threshold, the host's TPM2 with its
@@ -710,6 +712,10 @@ def clevis_bound(name, key_file, policy, header_backup=None, previous_key_file=N
     only with ``reseal`` (the pillar's ``tpm2_reseal``, given for the one apply after a planned
     change): otherwise the state fails and changes nothing, since sealing to whatever booted
     would bless a boot chain someone changed. A binding without a record that opens gets one.
+    Under ``fips`` (the plan's ``luks.fips``), a binding whose keyslot FIPS mode refuses (argon2:
+    clevis before version 19 made its keyslots with cryptsetup's default) is replaced by one whose
+    keyslot it opens (clevis 19 and later make PBKDF2-SHA256); a clevis that makes argon2 again
+    fails the state, its new keyslot removed and the old binding kept.
 
     Replacing binds anew, proves the new binding opens, then removes the old one, so that a run
     killed between them leaves a device that opens either way; when the header has no room for
@@ -791,8 +797,13 @@ def clevis_bound(name, key_file, policy, header_backup=None, previous_key_file=N
             "what changed the boot chain. Nothing was changed.",
             result=False,
         )
-    current = [t for t in by_verdict["matches"] if t["keyslots"][0] not in dead]
-    old_slots = sorted({int(t["keyslots"][0]) for t in by_verdict["stale"]} | {int(slot) for slot in dead})
+    refused = _fips_refused(header, by_verdict["matches"]) if fips else {}
+    current = [
+        t for t in by_verdict["matches"] if t["keyslots"][0] not in dead and t["keyslots"][0] not in refused
+    ]
+    old_slots = sorted(
+        {int(t["keyslots"][0]) for t in by_verdict["stale"]} | {int(slot) for slot in {**dead, **refused}}
+    )
     stale_records = core.tpm.stale_records(header)
     if current and not old_slots and not stale_records and not unrecorded:
         return _done(ret, f"{name} is bound to {wanted}")
@@ -814,12 +825,15 @@ def clevis_bound(name, key_file, policy, header_backup=None, previous_key_file=N
             + "; not touching the device, check it with cryptsetup luksDump. Nothing was changed.",
             result=False,
         )
-    why = "; ".join(dead.values()) or "made with a Tang key the pillar no longer names"
+    why = "; ".join(
+        [*dead.values(), *refused.values()]
+        + (["made with a Tang key the pillar no longer names"] if by_verdict["stale"] else [])
+    )
     if __opts__["test"]:
         steps = ([f"bind {name} to {wanted} and prove the new binding opens"] if not current else []) + (
             [
-                f"remove the binding that no longer opens (keyslots {old_slots}: {why}; first, should the "
-                "header have no room for both and the TPM still not unseal it)"
+                f"remove the binding it replaces (keyslots {old_slots}: {why}; first, should the header "
+                "have no room for both and the TPM no longer unseal it)"
             ]
             if old_slots
             else []
@@ -829,7 +843,7 @@ def clevis_bound(name, key_file, policy, header_backup=None, previous_key_file=N
         return _would(ret, "would " + ", then ".join(steps))
     changes = {}
     if not current:
-        ok, err = _bind_anew(name, key_file, policy, tokens, dead, changes)
+        ok, err = _bind_anew(name, key_file, policy, tokens, dead, changes, fips)
         if not ok:
             return _done(ret, err, result=False, **changes)
     for slot in unrecorded:
@@ -858,7 +872,7 @@ def clevis_bound(name, key_file, policy, header_backup=None, previous_key_file=N
         changes.setdefault("pcr_records_removed", []).append(token_id)
     comment = f"bound {name} to {wanted}" if not current else f"{name} is bound to {wanted}"
     if old_slots:
-        comment += f"; removed the binding that no longer opened ({why})"
+        comment += f"; removed the binding it replaces ({why})"
     if header_backup and (not current or old_slots):
         ok, done = _back_up_header(name, header_backup, key_file, previous_key_file, policy)
         if not ok:
@@ -866,6 +880,18 @@ def clevis_bound(name, key_file, policy, header_backup=None, previous_key_file=N
         changes["header_backup"] = header_backup
         comment += f"; {done}"
     return _done(ret, comment, **changes)
+
+
+def _fips_refused(header, tokens):
+    """``{keyslot: why}`` of the Clevis ``tokens`` whose keyslot a host in FIPS mode cannot open."""
+    refused = {str(slot): core.kdf.name(kdf) for slot, kdf in core.kdf.not_fips_usable(header["keyslots"])}
+    return {
+        t["keyslots"][
+            0
+        ]: f"keyslot {t['keyslots'][0]} is {refused[t['keyslots'][0]]}, which FIPS mode refuses"
+        for t in tokens
+        if t["keyslots"][0] in refused
+    }
 
 
 def _odd_clevis_tokens(tokens):
@@ -891,9 +917,9 @@ def _keyslots_of_keys(device, slots, key_file, previous_key_file):
     return sorted(kept), None
 
 
-def _bind_anew(name, key_file, policy, tokens, dead, changes):
-    """Bind ``name`` to ``policy`` in a new keyslot, prove that it opens, and record its PCRs
-    (TPM2): (ok, error). When the bind fails and the TPM still does not unseal a binding that no
+def _bind_anew(name, key_file, policy, tokens, dead, changes, fips=False):
+    """Bind ``name`` to ``policy`` in a new keyslot, prove that it opens (and, under ``fips``,
+    that FIPS mode opens its keyslot: else it goes again), and record its PCRs (TPM2): (ok, error). When the bind fails and the TPM still does not unseal a binding that no
     longer opens (``dead``: the header may have no room for two), that one is removed first and
     the bind tried again; the recovery key's keyslot stays either way."""
     before = {s for t in tokens for s in t["keyslots"]}
@@ -942,6 +968,14 @@ def _bind_anew(name, key_file, policy, tokens, dead, changes):
     opens = __salt__["hana_storage_host.clevis_opens"](name, new[0])
     if not opens["opens"]:
         return False, f"bound {name}, but the new binding does not open ({opens['error']}): {old}"
+    refused = _fips_refused(header, [{"keyslots": [new[0]]}]) if fips else {}
+    if refused:
+        gone, why = _run_clevis(core.commands.clevis_unbind(name, new[0]))
+        undone = "removed it again" if gone else f"removing it again failed ({why})"
+        return False, (
+            f"bound {name}, but {refused[new[0]]}: this host's clevis makes keyslots with cryptsetup's "
+            f"default (clevis before version 19); update clevis and apply again. {undone.capitalize()}; {old}"
+        )
     if policy["tpm2"] and policy["tpm2"]["pcr_ids"]:
         ok, err = _record_pcrs(name, new[0], policy["tpm2"])
         if not ok:

@@ -895,7 +895,8 @@ class VolumeAudit:
                 [f"keyslot {slot}: {kdf.name(made)}" for slot, made in refused.items()],
                 f"{path}: {', '.join(f'keyslot {slot} ({kdf.name(made)})' for slot, made in refused.items())} "
                 "cannot be opened in FIPS mode (this host's, or compliance:fips). Convert while FIPS mode "
-                f"is off (in it, an argon2 keyslot cannot be opened to convert it): {convert}",
+                f"is off (in it, an argon2 keyslot cannot be opened to convert it): {convert}; state.apply "
+                "makes the volume key's keyslot and a Clevis binding's again (states fips-N, clevis-N)",
             )
         share = self.boot["share_kib"]
         heavy = kdf.above_share(header["keyslots"], share)

@@ -47,9 +47,9 @@ def host_function(name, functions):
     """The host module's own ``name``, running its commands through ``functions`` (the test's
     cmd.run_all, as it stands when called)."""
 
-    def call(*args):
+    def call(*args, **kwargs):
         HOST.__salt__ = functions
-        return getattr(HOST, name)(*args)
+        return getattr(HOST, name)(*args, **kwargs)
 
     return call
 

@@ -8,7 +8,9 @@ pillar, readiness says yes and a boot without Salt opens every line. Then PCR 7 
 a Secure Boot change would: readiness names PCR 7 on every line, the boot without Salt leaves
 every line locked, an apply refuses to seal to the changed PCR until told the change was planned
 (tpm2_reseal), then binds again with the recovery key to the PCRs as they are now, readiness says
-yes and the boot opens everything, the data's checksums unchanged.
+yes and the boot opens everything, the data's checksums unchanged. Last, the host is to enter
+FIPS mode (compliance:fips) while its Clevis keyslots are argon2id, as clevis before 19 made
+them: the apply binds each anew in a PBKDF2-SHA256 keyslot, and the boot opens everything.
 """
 
 import json
@@ -58,6 +60,7 @@ def vm(request, tang):
     }
     storage["header_backup"] = {"directory": BACKUPS}
     vm.setup_salt(yaml.safe_dump({"hana": {"storage": storage}}))
+    vm.storage = storage
     return vm
 
 
@@ -72,12 +75,18 @@ def built(vm):
     return apply(vm, "state.apply: TPM2 alone (data), TPM2 and Tang (log)")
 
 
-def bindings(vm):
-    """{crypt name: [Clevis bindings]} as the formula reads them from each LUKS header."""
+def bindings(vm, keyslots=False):
+    """{crypt name: [Clevis bindings]} as the formula reads them from each LUKS header; with
+    ``keyslots``, {crypt name: ([Clevis keyslots], [keyslot KDFs])}."""
     found = {}
     for name, device in CRYPTS.items():
-        tokens = vm.salt(f"hana_storage_host.luks_header {device}", check=True).ret["tokens"]
-        found[name] = [t["clevis"] for t in tokens if t["type"] == "clevis"]
+        header = vm.salt(f"hana_storage_host.luks_header {device}", check=True).ret
+        clevis = [t for t in header["tokens"] if t["type"] == "clevis"]
+        found[name] = (
+            ([int(t["keyslots"][0]) for t in clevis], [s["kdf"] for s in header["keyslots"]])
+            if keyslots
+            else [t["clevis"] for t in clevis]
+        )
     return found
 
 
@@ -124,7 +133,7 @@ def test_a_changed_pcr_is_named_the_boot_fails_as_foreseen_and_an_apply_binds_an
     causes = [p["cause"] for line in result["lines"] for p in line["problems"] if p["code"] == "pcr_changed"]
     assert len(causes) == len(CRYPTS) and all("PCR 7" in c for c in causes), causes
     close_storage(vm, MOUNTPOINTS, VGS)
-    out = boot_without_salt(vm, expect_locked=CRYPTS, attach_timeout=20)
+    out = boot_without_salt(vm, expect_locked=CRYPTS, clevis_timeout=20)
     assert not any(f"mounted {m}" in out for m in MOUNTPOINTS), out
 
     refused = vm.salt("state.apply hana.storage", title="state.apply: nobody said the PCR change was planned")
@@ -143,6 +152,52 @@ def test_a_changed_pcr_is_named_the_boot_fails_as_foreseen_and_an_apply_binds_an
     rebound = [s for s in applied.ret.values() if "-clevis-" in s["__id__"]]
     assert len(rebound) == len(CRYPTS) and all("PCR 7" in s["comment"] for s in rebound), rebound
     assert all(len(b) == 1 for b in bindings(vm).values())  # the old bindings are gone
+    assert readiness(vm) == (True, {})
+    close_storage(vm, MOUNTPOINTS, VGS)
+    out = boot_without_salt(vm)
+    assert all(f"mounted {m}" in out for m in MOUNTPOINTS), out
+    assert vm.run(f"sha256sum {files}", check=True, echo=False).output == before
+    report = vm.salt("hana_storage.audit", check=True).ret
+    assert report["findings"] == [], [f["message"] for f in report["findings"]]
+
+
+def test_clevis_keyslots_an_old_clevis_made_are_bound_anew_for_fips_mode_and_the_boot_works(vm, built):
+    """Issue 33 §4: clevis before 19 made its keyslots argon2id, which a host in FIPS mode cannot
+    open at boot (each binding's keyslot is made so here, with the passphrase Clevis decrypts,
+    piped). The pillar says the host is to enter FIPS mode: the audit names every such keyslot,
+    the apply binds each device anew (a PBKDF2-SHA256 keyslot, proven to open) and removes the old
+    binding, the recovery keys' keyslots made PBKDF2 too; the boot opens everything, data intact."""
+    files = " ".join(f"{m}/keep.bin" for m in MOUNTPOINTS)
+    before = vm.run(f"sha256sum {files}", check=True, echo=False).output
+    old = {name: slots for name, (slots, _kdfs) in bindings(vm, keyslots=True).items()}
+    vm.run(
+        "set -e\n"
+        + "".join(
+            f"clevis luks pass -d {CRYPTS[name]} -s {slot} | cryptsetup luksConvertKey {CRYPTS[name]} "
+            f"--key-slot {slot} --key-file - --pbkdf argon2id --pbkdf-memory 8192 --pbkdf-force-iterations 4\n"
+            for name, (slot,) in old.items()
+        ),
+        check=True,
+        title="making each Clevis keyslot argon2id, as clevis before 19 did",
+    )
+    storage = dict(
+        vm.storage, luks=dict(vm.storage["luks"], pbkdf={"type": "pbkdf2", "force_iterations": 1000})
+    )
+    storage["compliance"] = dict(
+        storage.get("compliance", {}), fips=True, min_pbkdf={"type": "pbkdf2", "iterations": 1000}
+    )
+    vm.set_pillar(yaml.safe_dump({"hana": {"storage": storage}}))
+    findings = vm.salt("hana_storage.audit", check=True).ret["findings"]
+    named = {f["device"]: f["actual"] for f in findings if f["rule"] == "HANA-ENC-008"}
+    for name, (slot,) in old.items():
+        (actual,) = [a for d, a in named.items() if d.endswith(name) or d == CRYPTS[name]]
+        assert f"keyslot {slot}: argon2id" in actual, (name, named)
+    applied = apply(vm, "state.apply: the host is to enter FIPS mode")
+    rebound = [s for s in applied.ret.values() if "-clevis-" in s["__id__"]]
+    assert len(rebound) == len(CRYPTS) and all("FIPS mode refuses" in s["comment"] for s in rebound), rebound
+    for name, (slots, kdfs) in bindings(vm, keyslots=True).items():
+        assert len(slots) == 1 and slots != old[name], (name, slots)
+        assert {(k["type"], k.get("hash")) for k in kdfs} == {("pbkdf2", "sha256")}, (name, kdfs)
     assert readiness(vm) == (True, {})
     close_storage(vm, MOUNTPOINTS, VGS)
     out = boot_without_salt(vm)

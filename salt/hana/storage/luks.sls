@@ -86,6 +86,7 @@ hana-storage-{{ name }}-clevis-{{ loop.index0 }}:
     - key_file: {{ volume.key.file }}
     - policy: {{ volume.key.clevis | json }}
     - reseal: {{ hana_storage.config.get('tpm2_reseal', False) | json }}
+    - fips: {{ luks.fips | json }}
     - header_backup: {{ crypt.header_backup | json }}
 {%-         if volume.key.previous %}
     - previous_key_file: {{ volume.key.previous.file }}
