@@ -346,6 +346,9 @@ def boot_facts():
 # answers costs one wait per keyslot, not a pile of them
 CLEVIS_TIMEOUT = 30
 CLEVIS_BUDGET = 120
+# seconds a state waits for Clevis to prove a binding (clevis_opens, tpm2_unseals): its answer
+# decides what is kept and what removed, and a slow TPM (a vTPM on a busy host) is no failure
+PROOF_TIMEOUT = 120
 # where systemd-cryptsetup looks for a key when crypttab's key field is none or "-" (systemd 247+)
 KEY_DIRECTORIES = ("/etc/cryptsetup-keys.d", "/run/cryptsetup-keys.d")
 # what Clevis runs in: no proxy and no shell options of the minion's (the boot's agent has neither)
@@ -516,7 +519,7 @@ def clevis_opens(device, keyslot):
         return {"opens": False, "error": "the LUKS header has no size a header has"}
     try:
         with core.files.memory_copy(path, size) as copy:
-            code, said = _clevis_pass(copy, slot, CLEVIS_TIMEOUT)
+            code, said = _clevis_pass(copy, slot, PROOF_TIMEOUT)
     except OSError as error:
         return {"opens": False, "error": str(error)}
     return {"opens": code == 0, "error": None if code == 0 else said}
@@ -550,7 +553,7 @@ def tpm2_unseals(device, keyslot):
         share = None
     if share is None:
         return {"unseals": None, "error": error or f"the Clevis token of keyslot {slot} has no TPM2 share"}
-    code, said = _clevis_child(core.commands.clevis_decrypt(), CLEVIS_TIMEOUT, stdin=share.encode())
+    code, said = _clevis_child(core.commands.clevis_decrypt(), PROOF_TIMEOUT, stdin=share.encode())
     if code is None:
         return {"unseals": None, "error": f"clevis decrypt of the TPM2 share: {said}"}
     return {"unseals": code == 0, "error": None if code == 0 else said}
@@ -558,39 +561,79 @@ def tpm2_unseals(device, keyslot):
 
 def _clevis_pass(copy, slot, timeout):
     """(exit code, what it said) of ``clevis luks pass`` on the header copy ``copy`` (a
-    /proc/<pid>/fd/<n> path). The copy is handed down as the child's own descriptor and named
-    /dev/fd/<n>, so no process of it can reach another file by that number."""
+    /proc/<pid>/fd/<n> path), its passphrase piped into ``cryptsetup open --test-passphrase
+    --key-slot <slot>``: 0 only when keyslot ``slot`` itself opens (clevis checks the passphrase
+    against any keyslot; a token moved onto another binding's keyslot passes that check). The copy
+    is handed down as the children's own descriptor and named /dev/fd/<n>, so no process of them
+    can reach another file by that number."""
     descriptor = int(copy.rsplit("/", 1)[-1])
-    argv = ["clevis", "luks", "pass", "-d", f"/dev/fd/{descriptor}", "-s", slot]
-    return _clevis_child(argv, timeout, pass_fds=(descriptor,))
+    copied = f"/dev/fd/{descriptor}"
+    return _clevis_child(
+        ["clevis", "luks", "pass", "-d", copied, "-s", slot],
+        timeout,
+        pass_fds=(descriptor,),
+        then=["cryptsetup", "open", "--test-passphrase", "--key-slot", slot, "--key-file", "-", copied],
+    )
 
 
-def _clevis_child(argv, timeout, stdin=None, pass_fds=()):
+def _clevis_child(argv, timeout, stdin=None, pass_fds=(), then=None):
     """(exit code, what it said on stderr) of the Clevis command ``argv`` given ``stdin`` (bytes);
-    (None, why) when it is not installed or gave no answer within ``timeout`` s. What it
-    decrypts (a passphrase, a share) goes to /dev/null; on a timeout its whole process group goes
-    (clevis's curl, its subshells, a tpm2 tool waiting on the TPM)."""
+    (None, why) when a program is not installed or gave no answer within ``timeout`` s. What it
+    decrypts (a passphrase, a share) goes to /dev/null, or through a pipe into the command
+    ``then`` (never through this process): then 0 only when both exit 0. On a timeout each one's
+    whole process group goes (clevis's curl, its subshells, a tpm2 tool waiting on the TPM)."""
+    children = []
     try:
-        child = subprocess.Popen(  # noqa: S603 - a fixed argv, no shell
-            argv,
-            stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            pass_fds=pass_fds,
-            start_new_session=True,
-            env=CLEVIS_ENV,
+        children.append(
+            subprocess.Popen(  # noqa: S603 - a fixed argv, no shell
+                argv,
+                stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+                stdout=subprocess.PIPE if then else subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                pass_fds=pass_fds,
+                start_new_session=True,
+                env=CLEVIS_ENV,
+            )
         )
-    except FileNotFoundError:
-        return None, "clevis is not installed"
+        if then:
+            children.append(
+                subprocess.Popen(  # noqa: S603 - a fixed argv, no shell
+                    then,
+                    stdin=children[0].stdout,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    pass_fds=pass_fds,
+                    start_new_session=True,
+                    env=CLEVIS_ENV,
+                )
+            )
+            children[0].stdout.close()  # the pipe's read end is the second child's alone
+    except FileNotFoundError as missing:
+        _kill_all(children)
+        return None, f"{os.path.basename(str(missing.filename or argv[0]))} is not installed"
+    deadline = time.monotonic() + timeout
+    said = []
     try:
-        _out, err = child.communicate(stdin, timeout=timeout)
+        for index, child in enumerate(children):
+            given = stdin if index == 0 else None
+            _out, err = child.communicate(given, timeout=max(0.1, deadline - time.monotonic()))
+            said.append(" ".join(err.decode(errors="replace").split())[:300])
     except subprocess.TimeoutExpired:
+        _kill_all(children)
+        return None, f"no answer within {round(timeout)} s"
+    for child, what in zip(children, said, strict=True):
+        if child.returncode:
+            return child.returncode, what or f"{child.args[0]} exited {child.returncode}"
+    return 0, " ".join(said)
+
+
+def _kill_all(children):
+    """Kill each child's process group, then reap them."""
+    for child in children:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(child.pid, signal.SIGKILL)
+    for child in children:
         child.communicate()
-        return None, f"no answer within {round(timeout)} s"
-    said = " ".join(err.decode(errors="replace").split())[:300]
-    return child.returncode, said or f"clevis exited {child.returncode}"
 
 
 TPM_SYSFS = "/sys/class/tpm/tpm0"

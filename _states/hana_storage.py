@@ -798,12 +798,24 @@ def clevis_bound(
             result=False,
         )
     refused = _fips_refused(header, by_verdict["matches"]) if fips else {}
+    unrecorded = [slot for slot in unrecorded if slot not in refused]
     current = [
         t for t in by_verdict["matches"] if t["keyslots"][0] not in dead and t["keyslots"][0] not in refused
     ]
     old_slots = sorted(
         {int(t["keyslots"][0]) for t in by_verdict["stale"]} | {int(slot) for slot in {**dead, **refused}}
     )
+    if current and old_slots:
+        # the binding that is to stay, an earlier run's (killed before it removed the old one): it
+        # must open its own keyslot before the old one goes, or the device keeps no binding that does
+        for token in current:
+            opens = __salt__["hana_storage_host.clevis_opens"](name, token["keyslots"][0])
+            if not opens["opens"]:
+                dead[token["keyslots"][0]] = (
+                    f"keyslot {token['keyslots'][0]} does not open ({opens['error']})"
+                )
+        current = [t for t in current if t["keyslots"][0] not in dead]
+        old_slots = sorted(set(old_slots) | {int(slot) for slot in dead})
     stale_records = core.tpm.stale_records(header)
     if current and not old_slots and not stale_records and not unrecorded:
         return _done(ret, f"{name} is bound to {wanted}")
@@ -966,12 +978,20 @@ def _bind_anew(name, key_file, policy, tokens, dead, changes, fips=False):
     if len(new) != 1:
         return False, f"bound {name}, but its new Clevis keyslot cannot be told ({new}): {old}"
     opens = __salt__["hana_storage_host.clevis_opens"](name, new[0])
-    if not opens["opens"]:
-        return False, f"bound {name}, but the new binding does not open ({opens['error']}): {old}"
     refused = _fips_refused(header, [{"keyslots": [new[0]]}]) if fips else {}
-    if refused:
+    if not opens["opens"] or refused:
+        # never left behind: the next run would take it for the binding that stays
         gone, why = _run_clevis(core.commands.clevis_unbind(name, new[0]))
         undone = "removed it again" if gone else f"removing it again failed ({why})"
+        changes["bound_then_removed" if gone else "bound_not_removed"] = {
+            "keyslots": [int(new[0])],
+            **changes.pop("bound"),
+        }
+        if not opens["opens"]:
+            return (
+                False,
+                f"bound {name}, but the new binding does not open ({opens['error']}): {undone}; {old}",
+            )
         return False, (
             f"bound {name}, but {refused[new[0]]}: this host's clevis makes keyslots with cryptsetup's "
             f"default (clevis before version 19); update clevis and apply again. {undone.capitalize()}; {old}"

@@ -148,32 +148,56 @@ def host(monkeypatch, tmp_path):
     spec.loader.exec_module(module)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    monkeypatch.setattr(module, "CLEVIS_ENV", {"PATH": f"{bin_dir}:/usr/bin:/bin", "LC_ALL": "C"})
+    monkeypatch.setattr(module, "CLEVIS_ENV", {"PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/bin", "LC_ALL": "C"})
     module.bin_dir = bin_dir
     return module
 
 
-def stand_in(host, script):
-    path = host.bin_dir / "clevis"
+def stand_in(host, script, program="clevis"):
+    path = host.bin_dir / program
     path.write_text("#!/bin/sh\n" + script)
     path.chmod(0o755)
 
 
-def test_clevis_reads_the_copy_as_its_own_descriptor_and_its_answer_goes_nowhere(host, capfd):
-    """The copy is handed down as the child's descriptor (/dev/fd/N): no process of clevis can
-    reach another file by that number; the passphrase (stdout) is dropped."""
-    stand_in(host, 'test "$1 $2 $3" = "luks pass -d" || exit 9\nhead -c 4 "$4" >&2\necho SECRET-PASSPHRASE\n')
+# what the stand-in cryptsetup got on its stdin for the keyslot it was asked about
+TESTED = 'test "$1 $2 $3 $4 $5 $6" = "open --test-passphrase --key-slot 1 --key-file -" || exit 9\n'
+
+
+def test_clevis_reads_the_copy_as_its_own_descriptor_and_its_answer_goes_nowhere(host, capfd, tmp_path):
+    """The copy is handed down as the children's descriptor (/dev/fd/N): no process of clevis can
+    reach another file by that number; the passphrase goes through a pipe into cryptsetup, which
+    tests it on that keyslot alone, and nowhere else."""
+    got = tmp_path / "got"
+    stand_in(
+        host, 'test "$1 $2 $3" = "luks pass -d" || exit 9\nhead -c 4 "$4" >&2\nprintf SECRET-PASSPHRASE\n'
+    )
+    stand_in(host, TESTED + f'test "$7" = "$7" && cat >{got}\n', program="cryptsetup")
     with host.core.files.memory_copy(__file__, 64) as copy:
         code, said = host._clevis_pass(copy, "1", 10)
     with open(__file__, encoding="utf-8") as handle:
         assert (code, said[:4]) == (0, handle.read(4))  # this very file's first bytes, through /dev/fd
+    assert got.read_text() == "SECRET-PASSPHRASE"  # exactly, no newline added
     assert "SECRET" not in capfd.readouterr().out + said
+
+
+def test_a_passphrase_that_does_not_open_the_keyslot_is_not_an_unlock(host):
+    """clevis luks pass checks its passphrase against any keyslot; the keyslot asked about is
+    cryptsetup's to answer for (regression, review: a token moved onto another binding's keyslot)."""
+    stand_in(host, "printf SECRET\n")
+    stand_in(
+        host,
+        TESTED + "cat >/dev/null\necho 'No key available with this passphrase.' >&2\nexit 2\n",
+        "cryptsetup",
+    )
+    with host.core.files.memory_copy(__file__, 64) as copy:
+        assert host._clevis_pass(copy, "1", 10) == (2, "No key available with this passphrase.")
 
 
 def test_a_clevis_that_never_answers_is_killed_with_everything_it_started(host, tmp_path):
     """Regression (review): on a timeout only clevis itself was killed, and its curl lived on."""
     marker = tmp_path / "grandchild.pid"
     stand_in(host, f"sleep 300 &\necho $! >{marker}\nwait\n")
+    stand_in(host, "cat >/dev/null\n", "cryptsetup")
     with host.core.files.memory_copy(__file__, 64) as copy:
         code, said = host._clevis_pass(copy, "1", 1)
     assert code is None and "no answer within 1 s" in said
