@@ -608,9 +608,11 @@ def _clevis_child(argv, timeout, stdin=None, pass_fds=(), then=None):
                 )
             )
             children[0].stdout.close()  # the pipe's read end is the second child's alone
-    except FileNotFoundError as missing:
+    except OSError as error:  # not installed; or no process to be had (EAGAIN, EMFILE, ENOMEM)
         _kill_all(children)
-        return None, f"{os.path.basename(str(missing.filename or argv[0]))} is not installed"
+        if isinstance(error, FileNotFoundError):
+            return None, f"{os.path.basename(str(error.filename or argv[0]))} is not installed"
+        return None, f"cannot start {(then if children else argv)[0]}: {error}"
     deadline = time.monotonic() + timeout
     said = []
     try:
@@ -628,10 +630,12 @@ def _clevis_child(argv, timeout, stdin=None, pass_fds=(), then=None):
 
 
 def _kill_all(children):
-    """Kill each child's process group, then reap them."""
+    """Kill the process group of each child not reaped yet (a reaped one's number may be another
+    process's by now), then reap them."""
     for child in children:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.pid, signal.SIGKILL)
+        if child.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
     for child in children:
         child.communicate()
 

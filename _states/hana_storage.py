@@ -805,17 +805,21 @@ def clevis_bound(
     old_slots = sorted(
         {int(t["keyslots"][0]) for t in by_verdict["stale"]} | {int(slot) for slot in {**dead, **refused}}
     )
+    unproven = {}
     if current and old_slots:
         # the binding that is to stay, an earlier run's (killed before it removed the old one): it
-        # must open its own keyslot before the old one goes, or the device keeps no binding that does
+        # must open its own keyslot before the old one goes, or the device keeps no binding that
+        # does. One that does not is replaced too, but never freed to make room: a TPM or a Tang
+        # server out of reach for a moment fails the proof as well
         for token in current:
             opens = __salt__["hana_storage_host.clevis_opens"](name, token["keyslots"][0])
             if not opens["opens"]:
-                dead[token["keyslots"][0]] = (
+                unproven[token["keyslots"][0]] = (
                     f"keyslot {token['keyslots'][0]} does not open ({opens['error']})"
                 )
-        current = [t for t in current if t["keyslots"][0] not in dead]
-        old_slots = sorted(set(old_slots) | {int(slot) for slot in dead})
+        current = [t for t in current if t["keyslots"][0] not in unproven]
+        unrecorded = [slot for slot in unrecorded if slot not in unproven]
+        old_slots = sorted(set(old_slots) | {int(slot) for slot in unproven})
     stale_records = core.tpm.stale_records(header)
     if current and not old_slots and not stale_records and not unrecorded:
         return _done(ret, f"{name} is bound to {wanted}")
@@ -838,7 +842,7 @@ def clevis_bound(
             result=False,
         )
     why = "; ".join(
-        [*dead.values(), *refused.values()]
+        [*dead.values(), *unproven.values(), *refused.values()]
         + (["made with a Tang key the pillar no longer names"] if by_verdict["stale"] else [])
     )
     if __opts__["test"]:
