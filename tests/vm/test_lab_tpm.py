@@ -198,8 +198,7 @@ def test_clevis_keyslots_an_old_clevis_made_are_bound_anew_for_fips_mode_and_the
     for name, (slots, kdfs) in bindings(vm, keyslots=True).items():
         assert len(slots) == 1 and slots != old[name], (name, slots)
         assert {(k["type"], k.get("hash")) for k in kdfs} == {("pbkdf2", "sha256")}, (name, kdfs)
-    assert readiness(vm) == (True, {})
-    close_storage(vm, MOUNTPOINTS, VGS)
+    close_storage(vm, MOUNTPOINTS, VGS)  # the boot is the proof (readiness is the test above's)
     out = boot_without_salt(vm)
     assert all(f"mounted {m}" in out for m in MOUNTPOINTS), out
     assert vm.run(f"sha256sum {files}", check=True, echo=False).output == before
