@@ -901,12 +901,11 @@ def clevis_bound(
 def _fips_refused(header, tokens):
     """``{keyslot: why}`` of the Clevis ``tokens`` whose keyslot a host in FIPS mode cannot open."""
     refused = {str(slot): core.kdf.name(kdf) for slot, kdf in core.kdf.not_fips_usable(header["keyslots"])}
+    slots = [t["keyslots"][0] for t in tokens]
     return {
-        t["keyslots"][
-            0
-        ]: f"keyslot {t['keyslots'][0]} is {refused[t['keyslots'][0]]}, which FIPS mode refuses"
-        for t in tokens
-        if t["keyslots"][0] in refused
+        slot: f"keyslot {slot} is {refused[slot]}, which FIPS mode refuses"
+        for slot in slots
+        if slot in refused
     }
 
 
@@ -935,9 +934,11 @@ def _keyslots_of_keys(device, slots, key_file, previous_key_file):
 
 def _bind_anew(name, key_file, policy, tokens, dead, changes, fips=False):
     """Bind ``name`` to ``policy`` in a new keyslot, prove that it opens (and, under ``fips``,
-    that FIPS mode opens its keyslot: else it goes again), and record its PCRs (TPM2): (ok, error). When the bind fails and the TPM still does not unseal a binding that no
-    longer opens (``dead``: the header may have no room for two), that one is removed first and
-    the bind tried again; the recovery key's keyslot stays either way."""
+    that FIPS mode opens its keyslot), and record its PCRs (TPM2): (ok, error). A new binding
+    that fails either proof is removed again at once. When the bind fails and the TPM still does
+    not unseal a binding that no longer opens (``dead``: the header may have no room for two),
+    that one is removed first and the bind tried again; the recovery key's keyslot stays either
+    way."""
     before = {s for t in tokens for s in t["keyslots"]}
     ok, err = _run_clevis(core.commands.clevis_bind(name, key_file, policy))
     freed = []
