@@ -91,6 +91,14 @@ def old_clevis_binding(tmp_path, server):
     assert done["retcode"] == 0, done["stderr"]
     (slot,) = clevis_slots(image)
     assert kdf.fips_usable(kdf_of(image, slot)), kdf_of(image, slot)  # clevis 18+: PBKDF2-SHA256
+    made_argon2(image, slot)
+    assert kdf_of(image, slot)["type"] == "argon2id"
+    return image, key, slot
+
+
+def made_argon2(image, slot):
+    """Keyslot ``slot`` of ``image`` made again argon2id, as clevis before 19 made it, with the
+    passphrase Clevis decrypts piped (never in a file)."""
     pipe = subprocess.run(
         f"clevis luks pass -d {image} -s {slot} | cryptsetup luksConvertKey {image} --key-slot {slot} "
         "--key-file - --pbkdf argon2id --pbkdf-memory 32 --pbkdf-force-iterations 4",
@@ -100,8 +108,6 @@ def old_clevis_binding(tmp_path, server):
         check=False,
     )
     assert pipe.returncode == 0, pipe.stderr
-    assert kdf_of(image, slot)["type"] == "argon2id"
-    return image, key, slot
 
 
 def opens(image, slot):
@@ -153,13 +159,7 @@ def test_a_clevis_that_makes_argon2_again_has_its_new_keyslot_removed_and_the_ol
         done = run_all(argv, **kwargs)
         if argv[:3] == ["clevis", "luks", "bind"] and done["retcode"] == 0:
             (slot,) = set(clevis_slots(image)) - {old}
-            pipe = subprocess.run(
-                f"clevis luks pass -d {image} -s {slot} | cryptsetup luksConvertKey {image} --key-slot "
-                f"{slot} --key-file - --pbkdf argon2id --pbkdf-memory 32 --pbkdf-force-iterations 4",
-                shell=True,  # noqa: S602 - the test's own fixed pipeline
-                check=True,
-            )
-            assert pipe.returncode == 0
+            made_argon2(image, slot)
         return done
 
     real["cmd.run_all"] = old_clevis
