@@ -388,7 +388,7 @@ def scap_record():
     return dict(result, written=core.scap.STATUS)
 
 
-def boot_readiness():
+def boot_readiness(clevis_timeout=None):
     """
     Will this host unlock its storage at the next boot, without Salt? For each /etc/crypttab
     line systemd opens at boot (not ``noauto``), whether the path it will take opens the device
@@ -400,6 +400,10 @@ def boot_readiness():
     either; with an invalid one nothing is ready (what the boot should open is not known). Run it
     before a reboot or a patch day; it changes nothing.
 
+    clevis_timeout
+        Seconds Clevis may take to answer for a keyslot (default 30; the whole check gives Clevis
+        four times that): more for a host whose TPM or Tang servers answer slowly.
+
     Returns ``{"ready": bool, "lines": [{"name", "device", "at_boot", "ready", "problems":
     [{"code", "cause", "fix"}]}]}`` (codes: ``core.readiness.PROBLEMS``), or ``{"ready": False,
     "error": ...}`` when /etc/crypttab cannot be read. The job's retcode is 1 unless ready.
@@ -409,8 +413,9 @@ def boot_readiness():
     .. code-block:: bash
 
         salt '*' hana_storage.boot_readiness
+        salt '*' hana_storage.boot_readiness clevis_timeout=90
     """
-    seen = _host("boot_path")()
+    seen = _host("boot_path")(**({} if clevis_timeout is None else {"clevis_timeout": clevis_timeout}))
     plan, invalid = _plan_if_any()
     if "error" in seen or invalid:
         result = {"ready": False, "error": seen.get("error") or invalid}

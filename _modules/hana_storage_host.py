@@ -341,11 +341,11 @@ def boot_facts():
     }
 
 
-# seconds the readiness check gives Clevis: per keyslot (a boot's password agent waits about as
-# long for Tang), and for all the lines together, so that a Tang server that accepts and never
-# answers costs one wait per keyslot, not a pile of them
+# seconds the readiness check gives Clevis per keyslot by default (a boot's password agent waits
+# about as long for Tang), and how many such waits all the lines together get, so that a Tang
+# server that accepts and never answers costs a few waits, not one per line
 CLEVIS_TIMEOUT = 30
-CLEVIS_BUDGET = 120
+CLEVIS_WAITS = 4
 # seconds a state waits for Clevis to prove a binding (clevis_opens, tpm2_unseals): its answer
 # decides what is kept and what removed, and a slow TPM (a vTPM on a busy host) is no failure
 PROOF_TIMEOUT = 120
@@ -355,17 +355,17 @@ KEY_DIRECTORIES = ("/etc/cryptsetup-keys.d", "/run/cryptsetup-keys.d")
 CLEVIS_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
 
 
-def boot_path():
+def boot_path(clevis_timeout=CLEVIS_TIMEOUT):
     """
     What the boot path would meet for each /etc/crypttab line, read now (the facts of
     ``hana_storage.boot_readiness``; core.readiness judges them): ``{"lines": [...], "facts":
     [...]}``, or ``{"error": ...}`` when /etc/crypttab cannot be read.
 
     Reads only: a key file, and what Clevis decrypts for a keyslot, are each tried on an
-    in-memory copy of the header (``clevis luks pass`` proves the passphrase it decrypts on the
-    copy itself; its output, the passphrase, goes to /dev/null). Clevis asks the Tang servers (or
+    in-memory copy of the header (the passphrase goes through a pipe from ``clevis decrypt`` to
+    ``cryptsetup open --test-passphrase``, never through Salt). Clevis asks the Tang servers (or
     the TPM) as the boot will, so this contacts them, unlike the audit: at most
-    ``CLEVIS_TIMEOUT`` seconds a keyslot and ``CLEVIS_BUDGET`` seconds in all.
+    ``clevis_timeout`` seconds a keyslot and ``CLEVIS_WAITS`` times that in all.
 
     CLI Example:
 
@@ -373,11 +373,17 @@ def boot_path():
 
         salt '*' hana_storage_host.boot_path
     """
+    try:
+        timeout = float(clevis_timeout)
+    except (TypeError, ValueError):
+        timeout = 0
+    if not 1 <= timeout <= 3600:
+        raise CommandExecutionError(f"clevis_timeout is seconds, 1 to 3600, not {clevis_timeout!r}")
     lines = _parsed_file("/etc/crypttab", core.tab.parse_crypttab)
     if not isinstance(lines, list):
         return {"error": lines.get("error", "/etc/crypttab unreadable")}
     units = {unit: unit_enabled(unit) for unit in core.readiness.ASKPASS_UNITS}
-    deadline = time.monotonic() + CLEVIS_BUDGET
+    deadline = time.monotonic() + CLEVIS_WAITS * timeout
     facts = []
     for line in lines:
         source = _crypttab_source_path(line["device"])
@@ -387,7 +393,7 @@ def boot_path():
                 line["keyfile"] if core.readiness.has_key_file(line) else _key_in_directories(line["name"])
             )
             if not key_file:
-                fact["clevis"] = _clevis_unlocks(source, _header_or_error(source), deadline)
+                fact["clevis"] = _clevis_unlocks(source, _header_or_error(source), timeout, deadline)
             elif os.path.isfile(key_file):
                 fact["key"] = {"path": key_file, "exists": True, **key_opens(source, key_file)}
             else:
@@ -437,10 +443,10 @@ def _header_or_error(path):
         return {"error": str(error)}
 
 
-def _clevis_unlocks(path, header, deadline):
+def _clevis_unlocks(path, header, timeout, deadline):
     """{"tokens", "network", "unlocks", "error"}: does Clevis unlock a keyslot of its tokens now
-    (``clevis luks pass`` on a copy of the header: it decrypts the token, asking Tang or the TPM,
-    and tries the passphrase on the copy; exit 0 only when it opens the keyslot)? ``network``:
+    (``_clevis_pass`` on a copy of the header: it decrypts the token, asking Tang or the TPM,
+    and tries the passphrase on the copy's keyslot)? ``network``:
     a token asks Tang servers. ``error`` with no tokens: the header could not be read."""
     if "error" in header:
         return {
@@ -472,11 +478,13 @@ def _clevis_unlocks(path, header, deadline):
     for slot in slots:
         left = deadline - time.monotonic()
         if left <= 0:
-            errors.append(f"keyslot {slot}: not tried, the check's {CLEVIS_BUDGET} s for Clevis were spent")
+            errors.append(
+                f"keyslot {slot}: not tried, the check's {round(CLEVIS_WAITS * timeout)} s for Clevis were spent"
+            )
             continue
         try:
             with core.files.memory_copy(path, size) as copy:
-                code, said = _clevis_pass(copy, slot, min(CLEVIS_TIMEOUT, left))
+                code, said = _clevis_pass(copy, slot, min(timeout, left))
         except OSError as error:
             errors.append(f"keyslot {slot}: {error}")
             continue
@@ -500,9 +508,10 @@ def _clevis_unlocks(path, header, deadline):
 
 def clevis_opens(device, keyslot):
     """
-    Does Clevis open keyslot ``keyslot`` of the LUKS2 ``device`` now (``clevis luks pass`` on an
-    in-memory copy of the header, asking the Tang servers and the TPM as a boot would)? Reads
-    only; the passphrase Clevis decrypts goes to /dev/null. ``{"opens": bool, "error"}``.
+    Does Clevis open keyslot ``keyslot`` of the LUKS2 ``device`` now (``clevis decrypt`` of its
+    token, asking the Tang servers and the TPM as a boot would, the passphrase piped into
+    ``cryptsetup open --test-passphrase`` on an in-memory copy of the header)? Reads only.
+    ``{"opens": bool, "error"}``.
 
     CLI Example:
 
@@ -560,17 +569,25 @@ def tpm2_unseals(device, keyslot):
 
 
 def _clevis_pass(copy, slot, timeout):
-    """(exit code, what it said) of ``clevis luks pass`` on the header copy ``copy`` (a
-    /proc/<pid>/fd/<n> path), its passphrase piped into ``cryptsetup open --test-passphrase
-    --key-slot <slot>``: 0 only when keyslot ``slot`` itself opens (clevis checks the passphrase
-    against any keyslot; a token moved onto another binding's keyslot passes that check). The copy
-    is handed down as the children's own descriptor and named /dev/fd/<n>, so no process of them
-    can reach another file by that number."""
+    """(exit code, what it said) of ``clevis decrypt`` of the JWE of keyslot ``slot``'s Clevis
+    token in the header copy ``copy`` (a /proc/<pid>/fd/<n> path), its passphrase piped into
+    ``cryptsetup open --test-passphrase --key-slot <slot>``: 0 only when keyslot ``slot`` itself
+    opens (a token moved onto another binding's keyslot decrypts, but that keyslot does not
+    open). The boot's agent decrypts the same JWE; ``clevis luks pass`` would too, with a dozen
+    more processes. The copy is handed down as the child's own descriptor and named
+    /dev/fd/<n>, so no process of them can reach another file by that number."""
     descriptor = int(copy.rsplit("/", 1)[-1])
+    try:
+        jwe = core.luks.clevis_jwe(lambda offset, size: os.pread(descriptor, size, offset), slot)
+    except ValueError as error:
+        return 1, f"the Clevis token of keyslot {slot} cannot be read: {error}"
+    if jwe is None:
+        return 1, f"keyslot {slot} has no Clevis token of its own"
     copied = f"/dev/fd/{descriptor}"
     return _clevis_child(
-        ["clevis", "luks", "pass", "-d", copied, "-s", slot],
+        core.commands.clevis_decrypt(),
         timeout,
+        stdin=jwe.encode(),
         pass_fds=(descriptor,),
         then=["cryptsetup", "open", "--test-passphrase", "--key-slot", slot, "--key-file", "-", copied],
     )

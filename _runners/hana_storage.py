@@ -80,8 +80,8 @@ DEFAULTS = {
     "max_event_age": 600,
     "require_signature": True,
     "report_timeout": 120,
-    # a minion's boot readiness check waits up to core CLEVIS_BUDGET (120 s) for Tang servers
-    # that do not answer
+    # a minion's boot readiness check waits up to 4 x 30 s (hana_storage_host CLEVIS_WAITS x
+    # CLEVIS_TIMEOUT) for Tang servers that do not answer
     "readiness_timeout": 180,
     "lease": 60,
     "store": {"driver": "local"},

@@ -148,11 +148,12 @@ for point in $(awk '$3 == "xfs" {print $2}' /etc/fstab); do mount "$point" && ec
 
 
 def close_storage(vm, mountpoints, vgs, then=""):
-    """Unmount, close every crypt device and deactivate the VGs, as a shutdown does; ``then``:
-    more shell to run after (the multipath module removes and re-creates its maps)."""
+    """Unmount what is mounted, close every crypt device and deactivate the VGs, as a shutdown
+    does (a test that failed half-way leaves the next one a host it can still shut down);
+    ``then``: more shell to run after (the multipath module removes and re-creates its maps)."""
     vm.run(
         "set -e\n"
-        + "".join(f"umount {m}\n" for m in mountpoints)
+        + "".join(f"if mountpoint -q {m}; then umount {m}; fi\n" for m in mountpoints)
         # above LVM the crypt device sits on the LV, below it under it: close, deactivate, close
         + "crypts() { dmsetup ls --target crypt | awk '$1 != \"No\" {print $1}'; }\n"
         "for m in $(crypts); do cryptsetup close $m 2>/dev/null || true; done\n"

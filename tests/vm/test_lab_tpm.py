@@ -20,7 +20,7 @@ import yaml
 from tang_server import TangServer
 
 from tests.vm.conftest import boot, boot_without_salt, close_storage
-from tests.vm.test_lab_boot import readiness
+from tests.vm.test_lab_boot import codes, readiness, readiness_result
 
 pytestmark = pytest.mark.vm
 
@@ -127,9 +127,9 @@ def test_a_changed_pcr_is_named_the_boot_fails_as_foreseen_and_an_apply_binds_an
         check=True,
         title="extending PCR 7, as a change to Secure Boot would",
     )
-    ready, problems = readiness(vm)
+    result = readiness_result(vm)
+    ready, problems = codes(result)
     assert ready is False and problems == dict.fromkeys(CRYPTS, ["pcr_changed", "clevis_fails"]), problems
-    result = vm.salt("hana_storage.boot_readiness").ret  # retcode 1: not ready
     causes = [p["cause"] for line in result["lines"] for p in line["problems"] if p["code"] == "pcr_changed"]
     assert len(causes) == len(CRYPTS) and all("PCR 7" in c for c in causes), causes
     close_storage(vm, MOUNTPOINTS, VGS)
