@@ -362,8 +362,9 @@ def boot_path(clevis_timeout=CLEVIS_TIMEOUT):
     [...]}``, or ``{"error": ...}`` when /etc/crypttab cannot be read.
 
     Reads only: a key file, and what Clevis decrypts for a keyslot, are each tried on an
-    in-memory copy of the header (the passphrase goes through a pipe from ``clevis decrypt`` to
-    ``cryptsetup open --test-passphrase``, never through Salt). Clevis asks the Tang servers (or
+    in-memory copy of the header (``clevis luks pass``, the boot agent's own way to pick and
+    decrypt a keyslot's token, pipes the passphrase into ``cryptsetup open --test-passphrase``,
+    never through Salt). Clevis asks the Tang servers (or
     the TPM) as the boot will, so this contacts them, unlike the audit: at most
     ``clevis_timeout`` seconds a keyslot and ``CLEVIS_WAITS`` times that in all.
 
@@ -374,7 +375,7 @@ def boot_path(clevis_timeout=CLEVIS_TIMEOUT):
         salt '*' hana_storage_host.boot_path
     """
     try:
-        timeout = float(clevis_timeout)
+        timeout = 0 if isinstance(clevis_timeout, bool) else float(clevis_timeout)
     except (TypeError, ValueError):
         timeout = 0
     if not 1 <= timeout <= 3600:
@@ -445,8 +446,8 @@ def _header_or_error(path):
 
 def _clevis_unlocks(path, header, timeout, deadline):
     """{"tokens", "network", "unlocks", "error"}: does Clevis unlock a keyslot of its tokens now
-    (``_clevis_pass`` on a copy of the header: it decrypts the token, asking Tang or the TPM,
-    and tries the passphrase on the copy's keyslot)? ``network``:
+    (``clevis luks pass`` on a copy of the header: it decrypts the token, asking Tang or the TPM,
+    and the passphrase is tried on the copy's keyslot)? ``network``:
     a token asks Tang servers. ``error`` with no tokens: the header could not be read."""
     if "error" in header:
         return {
@@ -508,9 +509,9 @@ def _clevis_unlocks(path, header, timeout, deadline):
 
 def clevis_opens(device, keyslot):
     """
-    Does Clevis open keyslot ``keyslot`` of the LUKS2 ``device`` now (``clevis decrypt`` of its
-    token, asking the Tang servers and the TPM as a boot would, the passphrase piped into
-    ``cryptsetup open --test-passphrase`` on an in-memory copy of the header)? Reads only.
+    Does Clevis open keyslot ``keyslot`` of the LUKS2 ``device`` now (``clevis luks pass`` on an
+    in-memory copy of the header, asking the Tang servers and the TPM as a boot would, its
+    passphrase piped into ``cryptsetup open --test-passphrase --key-slot``)? Reads only.
     ``{"opens": bool, "error"}``.
 
     CLI Example:
@@ -569,25 +570,17 @@ def tpm2_unseals(device, keyslot):
 
 
 def _clevis_pass(copy, slot, timeout):
-    """(exit code, what it said) of ``clevis decrypt`` of the JWE of keyslot ``slot``'s Clevis
-    token in the header copy ``copy`` (a /proc/<pid>/fd/<n> path), its passphrase piped into
-    ``cryptsetup open --test-passphrase --key-slot <slot>``: 0 only when keyslot ``slot`` itself
-    opens (a token moved onto another binding's keyslot decrypts, but that keyslot does not
-    open). The boot's agent decrypts the same JWE; ``clevis luks pass`` would too, with a dozen
-    more processes. The copy is handed down as the child's own descriptor and named
-    /dev/fd/<n>, so no process of them can reach another file by that number."""
+    """(exit code, what it said) of ``clevis luks pass`` on the header copy ``copy`` (a
+    /proc/<pid>/fd/<n> path), its passphrase piped into ``cryptsetup open --test-passphrase
+    --key-slot <slot>``: 0 only when keyslot ``slot`` itself opens (clevis checks the passphrase
+    against any keyslot; a token moved onto another binding's keyslot passes that check). The copy
+    is handed down as the children's own descriptor and named /dev/fd/<n>, so no process of them
+    can reach another file by that number."""
     descriptor = int(copy.rsplit("/", 1)[-1])
-    try:
-        jwe = core.luks.clevis_jwe(lambda offset, size: os.pread(descriptor, size, offset), slot)
-    except ValueError as error:
-        return 1, f"the Clevis token of keyslot {slot} cannot be read: {error}"
-    if jwe is None:
-        return 1, f"keyslot {slot} has no Clevis token of its own"
     copied = f"/dev/fd/{descriptor}"
     return _clevis_child(
-        core.commands.clevis_decrypt(),
+        ["clevis", "luks", "pass", "-d", copied, "-s", slot],
         timeout,
-        stdin=jwe.encode(),
         pass_fds=(descriptor,),
         then=["cryptsetup", "open", "--test-passphrase", "--key-slot", slot, "--key-file", "-", copied],
     )

@@ -169,8 +169,7 @@ def _parse_luks1(raw):
 # ---- LUKS2 ---------------------------------------------------------------------------------
 
 
-def _best_luks2_copy(read, start):
-    """(the newest readable LUKS2 metadata copy, {copy: "ok" or why not}, degraded?), or LuksError."""
+def _parse_luks2(read, start):
     copies, errors = {}, []
     primary = secondary = None
     try:
@@ -207,11 +206,7 @@ def _best_luks2_copy(read, start):
     if primary and secondary and primary["seqid"] != secondary["seqid"]:
         copies["secondary"] = f"seqid {secondary['seqid']} differs from the primary's {primary['seqid']}"
         degraded = True
-    return max((c for c in (primary, secondary) if c), key=lambda c: c["seqid"]), copies, degraded
-
-
-def _parse_luks2(read, start):
-    best, copies, degraded = _best_luks2_copy(read, start)
+    best = max((c for c in (primary, secondary) if c), key=lambda c: c["seqid"])
     summary = _summarise(best)
     summary.update(
         degraded=degraded,
@@ -438,32 +433,6 @@ def _tpm2_policy(tpm2):
     return {"pcr_bank": bank, "pcr_ids": pcr_ids}
 
 
-def clevis_jwe(read, keyslot):
-    """The compact JWE of the Clevis token bound to ``keyslot`` alone in the LUKS2 header that
-    ``read`` reads, or None: what the boot's agent hands ``clevis decrypt`` for that keyslot."""
-    start = read(0, BINARY_HEADER_SIZE)
-    best, _, _ = _best_luks2_copy(read, start)
-    tokens = best["metadata"].get("tokens")
-    for token in tokens.values() if isinstance(tokens, dict) else ():
-        if (
-            isinstance(token, dict)
-            and token.get("type") == "clevis"
-            and isinstance(token.get("keyslots"), list)
-            and [str(s) for s in token["keyslots"]] == [str(keyslot)]
-            and isinstance(token.get("jwe"), dict)
-        ):
-            return _compact(token["jwe"])
-    return None
-
-
-def _compact(jwe):
-    """A JWE in its compact form, from the flattened JSON form a Clevis token holds."""
-    parts = [jwe.get(part, "") for part in ("protected", "encrypted_key", "iv", "ciphertext", "tag")]
-    if not all(isinstance(p, str) and p.isascii() and "." not in p for p in parts):
-        raise LuksError("a Clevis token's JWE has a part that is not base64url text")
-    return ".".join(parts)
-
-
 def tpm2_share(token):
     """The compact JWE of the TPM2 share of a Clevis token (its whole JWE for a tpm2 pin; the
     tpm2 share of an sss), or None: what ``clevis decrypt`` unseals with the TPM alone, without
@@ -472,7 +441,9 @@ def tpm2_share(token):
         jwe = token["jwe"]
         clevis = _protected_header(jwe["protected"])["clevis"]
         if clevis["pin"] == "tpm2":
-            return _compact(jwe)
+            return ".".join(
+                jwe.get(part, "") for part in ("protected", "encrypted_key", "iv", "ciphertext", "tag")
+            )
         if clevis["pin"] == "sss":
             for compact in clevis["sss"]["jwe"]:
                 if _protected_header(compact.split(".")[0])["clevis"]["pin"] == "tpm2":

@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from tests.unit.test_readiness import HEADER_COPY, clevis_header, host, stand_in  # noqa: F401 - fixtures
+from tests.unit.test_readiness import host, stand_in  # noqa: F401 - fixture
 
 LAST_PID = "/proc/sys/kernel/ns_last_pid"
 
@@ -46,7 +46,7 @@ def innocent_gets_pid_of(pid_file, got):
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not os.access(LAST_PID, os.W_OK), reason="needs root (ns_last_pid)")
-def test_a_cryptsetup_timeout_does_not_kill_whatever_got_clevis_s_old_pid(host, tmp_path, clevis_header):
+def test_a_cryptsetup_timeout_does_not_kill_whatever_got_clevis_s_old_pid(host, tmp_path):
     pid_file = tmp_path / "clevis.pid"
     stand_in(host, f"echo $$ >{pid_file}\nprintf SECRET\n")
     stand_in(host, "cat >/dev/null\nexec sleep 300\n", "cryptsetup")  # clevis answered; cryptsetup hangs
@@ -55,7 +55,7 @@ def test_a_cryptsetup_timeout_does_not_kill_whatever_got_clevis_s_old_pid(host, 
         got = {}
         watcher = threading.Thread(target=innocent_gets_pid_of, args=(pid_file, got))
         watcher.start()
-        with host.core.files.memory_copy(clevis_header, HEADER_COPY) as copy:
+        with host.core.files.memory_copy(__file__, 64) as copy:
             code, said = host._clevis_pass(copy, "1", 3)
         watcher.join()
         assert code is None and "no answer" in said, (code, said)

@@ -15,10 +15,10 @@ of processes)."""
 import os
 import subprocess
 
-from tests.unit.test_readiness import HEADER_COPY, clevis_header, host, stand_in  # noqa: F401 - fixtures
+from tests.unit.test_readiness import host, stand_in  # noqa: F401 - fixture
 
 
-def test_clevis_does_not_outlive_a_cryptsetup_that_could_not_be_started(host, monkeypatch, clevis_header):
+def test_clevis_does_not_outlive_a_cryptsetup_that_could_not_be_started(host, monkeypatch):
     stand_in(host, "sleep 30\nprintf SECRET\n")
     stand_in(host, "cat >/dev/null\n", "cryptsetup")
     real_popen = subprocess.Popen
@@ -31,7 +31,7 @@ def test_clevis_does_not_outlive_a_cryptsetup_that_could_not_be_started(host, mo
         return started[-1]
 
     monkeypatch.setattr(host.subprocess, "Popen", popen)
-    with host.core.files.memory_copy(clevis_header, HEADER_COPY) as copy:
+    with host.core.files.memory_copy(__file__, 64) as copy:
         verdict = host._clevis_pass(copy, "1", 10)
     assert verdict[0] is None and "cannot start cryptsetup" in verdict[1], verdict
     (clevis,) = started
