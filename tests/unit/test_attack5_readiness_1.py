@@ -1,8 +1,9 @@
-"""Defect: with two Clevis tokens on one keyslot, the readiness check decrypts a different token
-than the boot's agent does, and says "ready" for a device the boot cannot open.
+"""Regression (attack review of b1f422b): with two Clevis tokens on one keyslot, the readiness
+check must decrypt the token the boot's agent decrypts, or it says "ready" for a device the boot
+cannot open.
 
-``core.luks.clevis_jwe`` returns the first matching token in the order the header's JSON object
-lists them. Clevis itself (``clevis_luks_read_slot``, used by ``clevis-luks-askpass`` at boot
+b1f422b's ``core.luks.clevis_jwe`` returned the first matching token in the order the header's
+JSON object lists them. Clevis itself (``clevis_luks_read_slot``, used by ``clevis-luks-askpass`` at boot
 and by ``clevis luks pass``) picks the token with ``cryptsetup luksDump | grep -B1 "Keyslot: N" |
 sed -n 1p``, i.e. the lowest token id, because luksDump prints tokens in id order 0..31. The two
 orders differ whenever a token with a higher id was added before one with a lower id (cryptsetup
@@ -12,60 +13,31 @@ keeps json-c's insertion order: ``token import --token-id 1`` then ``--token-id 
 Trigger (real cryptsetup and real clevis, null pin, no Tang needed): keyslot 1 opens with
 "second"; token 1 (imported first) decrypts to "second", token 0 (imported second) decrypts to
 "wrong". The boot's clevis reads token 0 for keyslot 1 and fails (``clevis luks pass -s 1``
-exits 1, shown below as the oracle). ``_clevis_pass`` reads token 1 and reports exit 0, so
-``boot_path``/``boot_readiness`` say Clevis unlocks the line: a device that stays locked at the
+exits 1, shown below as the oracle). b1f422b's ``_clevis_pass`` read token 1 and reported exit
+0, so ``boot_path``/``boot_readiness`` said Clevis unlocks the line: a device that stays locked at the
 next boot is reported ready, which is exactly what the check exists to prevent (and the old
 ``clevis luks pass`` based check got right).
 """
 
 # ruff: noqa: F811
 
-import json
 import shutil
 import subprocess
 import time
 
 import pytest
 
-from tests.unit.test_readiness import host  # noqa: F401 - fixture
-
-HEADER_COPY = 4 << 20  # bytes of the image: its whole header (metadata 16 KiB, keyslots 1 MiB)
+from tests.unit.test_readiness import host, import_clevis_token, luks_image  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.skipif(not shutil.which("clevis"), reason="clevis is not installed")
 
 
-def _null_jwe_json(secret):
-    compact = subprocess.run(
-        ["clevis", "encrypt", "null", "{}"], input=secret, capture_output=True, check=True
-    ).stdout
-    return subprocess.run(
-        ["jose", "jwe", "fmt", "-i-"], input=compact, capture_output=True, check=True
-    ).stdout
-
-
 @pytest.fixture(scope="module")
 def two_tokens_one_keyslot(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("two-tokens")
-    image, first, second = folder / "luks.img", folder / "first.key", folder / "second.key"
-    image.write_bytes(bytes(HEADER_COPY))
-    first.write_bytes(b"first")
-    second.write_bytes(b"second")
-    fast = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"]
-    for argv in (
-        ["luksFormat", "-q", "--type", "luks2", *fast, "--luks2-metadata-size", "16k"]
-        + ["--luks2-keyslots-size", "1m", "--key-file", str(first), str(image)],
-        ["luksAddKey", "-q", *fast, "--key-slot", "1", "--key-file", str(first), str(image), str(second)],
-    ):
-        subprocess.run(["cryptsetup", *argv], check=True, capture_output=True)
+    image = luks_image(tmp_path_factory.mktemp("two-tokens"))
     # token 1 first (it decrypts to keyslot 1's passphrase), then token 0 (it does not)
     for token_id, secret in (("1", b"second"), ("0", b"wrong")):
-        jwe = json.loads(_null_jwe_json(secret))
-        subprocess.run(
-            ["cryptsetup", "token", "import", "--token-id", token_id, str(image)],
-            input=json.dumps({"type": "clevis", "keyslots": ["1"], "jwe": jwe}).encode(),
-            check=True,
-            capture_output=True,
-        )
+        import_clevis_token(image, ["1"], secret, token_id)
     return image
 
 

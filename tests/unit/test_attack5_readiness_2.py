@@ -20,47 +20,21 @@ state treat a working binding as unproven, one to be replaced).
 
 # ruff: noqa: F811
 
-import json
 import shutil
 import subprocess
 import time
 
 import pytest
 
-from tests.unit.test_readiness import host  # noqa: F401 - fixture
-
-HEADER_COPY = 4 << 20  # bytes of the image: its whole header (metadata 16 KiB, keyslots 1 MiB)
+from tests.unit.test_readiness import host, import_clevis_token, luks_image  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.skipif(not shutil.which("clevis"), reason="clevis is not installed")
 
 
 @pytest.fixture(scope="module")
 def token_on_two_keyslots(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("two-keyslots")
-    image, first, second = folder / "luks.img", folder / "first.key", folder / "second.key"
-    image.write_bytes(bytes(HEADER_COPY))
-    first.write_bytes(b"first")
-    second.write_bytes(b"second")
-    fast = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"]
-    for argv in (
-        ["luksFormat", "-q", "--type", "luks2", *fast, "--luks2-metadata-size", "16k"]
-        + ["--luks2-keyslots-size", "1m", "--key-file", str(first), str(image)],
-        ["luksAddKey", "-q", *fast, "--key-slot", "1", "--key-file", str(first), str(image), str(second)],
-        ["luksAddKey", "-q", *fast, "--key-slot", "2", "--key-file", str(first), str(image), str(second)],
-    ):
-        subprocess.run(["cryptsetup", *argv], check=True, capture_output=True)
-    compact = subprocess.run(
-        ["clevis", "encrypt", "null", "{}"], input=b"second", capture_output=True, check=True
-    ).stdout
-    jwe = json.loads(
-        subprocess.run(["jose", "jwe", "fmt", "-i-"], input=compact, capture_output=True, check=True).stdout
-    )
-    subprocess.run(
-        ["cryptsetup", "token", "import", str(image)],
-        input=json.dumps({"type": "clevis", "keyslots": ["1", "2"], "jwe": jwe}).encode(),
-        check=True,
-        capture_output=True,
-    )
+    image = luks_image(tmp_path_factory.mktemp("two-keyslots"), keyslots=(1, 2))
+    import_clevis_token(image, ["1", "2"], b"second")
     return image
 
 

@@ -1,21 +1,21 @@
-"""Defect: when the two LUKS2 header copies disagree, the readiness check decrypts a token from
-the copy cryptsetup (and so the boot's clevis) does not use, and says "ready" for a device the
-boot cannot open.
+"""Regression (attack review of b1f422b): when the two LUKS2 header copies disagree, the
+readiness check must decrypt the token of the copy cryptsetup (and so the boot's clevis) uses,
+or it says "ready" for a device the boot cannot open.
 
-``core.luks.clevis_jwe`` takes the token from ``_best_luks2_copy``: the copy with the higher
+b1f422b's ``core.luks.clevis_jwe`` took the token from ``_best_luks2_copy``: the copy with the higher
 seqid among those whose checksum and JSON *syntax* are fine. cryptsetup also validates each
 copy's JSON semantically (``LUKS2_hdr_validate``: every keyslot a token names must exist, ...)
 and uses the other copy when one fails. The passphrase test (``cryptsetup open
 --test-passphrase``) and the boot's agent (``clevis_luks_read_slot`` reads ``cryptsetup
 luksDump``) then see the other copy's tokens, while the JWE handed to ``clevis decrypt`` came
-from the copy cryptsetup rejected. Before this change ``clevis luks pass`` read the token through
+from the copy cryptsetup rejected. ``clevis luks pass`` read the token through
 cryptsetup and saw what the boot sees.
 
 Trigger (real cryptsetup and clevis, null pin): both copies, seqid S, hold token 0 for keyslot 1
 that decrypts to "wrong"; keyslot 1 opens with "second". The primary is rewritten (valid
 checksum, seqid S+1) so that token 0 decrypts to "second" and an extra token names keyslot 9,
 which does not exist: cryptsetup ignores that primary. The boot's clevis (``clevis luks pass -s
-1``, the oracle) fails; ``_clevis_unlocks`` says Clevis unlocks the line.
+1``, the oracle) fails; b1f422b's ``_clevis_unlocks`` said Clevis unlocks the line.
 """
 
 # ruff: noqa: F811
@@ -29,49 +29,22 @@ import time
 
 import pytest
 
-from tests.unit.test_readiness import host  # noqa: F401 - fixture
-
-HEADER_COPY = 4 << 20  # bytes of the image: its whole header (metadata 16 KiB, keyslots 1 MiB)
+from tests.unit.test_readiness import host, import_clevis_token, luks_image, null_jwe  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.skipif(not shutil.which("clevis"), reason="clevis is not installed")
 
 METADATA = 16 << 10
 
 
-def _jwe(secret):
-    compact = subprocess.run(
-        ["clevis", "encrypt", "null", "{}"], input=secret, capture_output=True, check=True
-    ).stdout
-    return json.loads(
-        subprocess.run(["jose", "jwe", "fmt", "-i-"], input=compact, capture_output=True, check=True).stdout
-    )
-
-
 @pytest.fixture(scope="module")
 def copies_that_disagree(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("copies")
-    image, first, second = folder / "luks.img", folder / "first.key", folder / "second.key"
-    image.write_bytes(bytes(HEADER_COPY))
-    first.write_bytes(b"first")
-    second.write_bytes(b"second")
-    fast = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"]
-    for argv in (
-        ["luksFormat", "-q", "--type", "luks2", *fast, "--luks2-metadata-size", "16k"]
-        + ["--luks2-keyslots-size", "1m", "--key-file", str(first), str(image)],
-        ["luksAddKey", "-q", *fast, "--key-slot", "1", "--key-file", str(first), str(image), str(second)],
-    ):
-        subprocess.run(["cryptsetup", *argv], check=True, capture_output=True)
-    subprocess.run(
-        ["cryptsetup", "token", "import", "--token-id", "0", str(image)],
-        input=json.dumps({"type": "clevis", "keyslots": ["1"], "jwe": _jwe(b"wrong")}).encode(),
-        check=True,
-        capture_output=True,
-    )
+    image = luks_image(tmp_path_factory.mktemp("copies"))
+    import_clevis_token(image, ["1"], b"wrong", "0")
     data = bytearray(image.read_bytes())
     hdr_size, seqid = struct.unpack_from(">QQ", data, 8)
     assert hdr_size == METADATA
     metadata = json.loads(bytes(data[4096:hdr_size]).split(b"\0", 1)[0])
-    metadata["tokens"]["0"]["jwe"] = _jwe(b"second")
+    metadata["tokens"]["0"]["jwe"] = null_jwe(b"second")
     metadata["tokens"]["5"] = {"type": "user-defined", "keyslots": ["9"]}
     text = json.dumps(metadata).encode()
     data[4096:hdr_size] = text + bytes(hdr_size - 4096 - len(text))

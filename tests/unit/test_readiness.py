@@ -1,6 +1,9 @@
 """Issue 33: the boot readiness verdict per crypttab line (core.readiness), over facts as
 hana_storage_host.boot_path reads them; the VM proof is tests/vm/test_lab_boot.py."""
 
+import json
+import subprocess
+
 import pytest
 from hana_storage_core import readiness, tab
 
@@ -151,6 +154,64 @@ def host(monkeypatch, tmp_path):
     monkeypatch.setattr(module, "CLEVIS_ENV", {"PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/bin", "LC_ALL": "C"})
     module.bin_dir = bin_dir
     return module
+
+
+# bytes of a test image made by luks_image: its whole header (metadata 16 KiB, keyslots 1 MiB)
+IMAGE_BYTES = 4 << 20
+
+
+def luks_image(folder, keyslots=(1,)):
+    """A real LUKS2 image in ``folder`` (cheap PBKDF2 keyslots, no token): keyslot 0 opens with
+    "first", each of ``keyslots`` with "second"."""
+    image, first, second = folder / "luks.img", folder / "first.key", folder / "second.key"
+    image.write_bytes(bytes(IMAGE_BYTES))
+    first.write_bytes(b"first")
+    second.write_bytes(b"second")
+    fast = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"]
+    steps = [
+        ["luksFormat", "-q", "--type", "luks2", *fast, "--luks2-metadata-size", "16k"]
+        + ["--luks2-keyslots-size", "1m", "--key-file", str(first), str(image)]
+    ] + [
+        [
+            "luksAddKey",
+            "-q",
+            *fast,
+            "--key-slot",
+            str(slot),
+            "--key-file",
+            str(first),
+            str(image),
+            str(second),
+        ]
+        for slot in keyslots
+    ]
+    for argv in steps:
+        subprocess.run(["cryptsetup", *argv], check=True, capture_output=True)  # noqa: S603, S607
+    return image
+
+
+def null_jwe(secret):
+    """A Clevis token's ``jwe`` (the JSON form) of ``secret`` under the null pin: it decrypts
+    with no Tang server and no TPM."""
+    compact = subprocess.run(
+        ["clevis", "encrypt", "null", "{}"],  # noqa: S607
+        input=secret,
+        capture_output=True,
+        check=True,
+    ).stdout
+    return json.loads(
+        subprocess.run(["jose", "jwe", "fmt", "-i-"], input=compact, capture_output=True, check=True).stdout  # noqa: S607
+    )
+
+
+def import_clevis_token(image, keyslots, secret, token_id=None):
+    """A Clevis token on ``keyslots`` (strings) of ``image`` whose null-pin JWE decrypts to ``secret``."""
+    subprocess.run(  # noqa: S603
+        ["cryptsetup", "token", "import", *(["--token-id", token_id] if token_id else []), str(image)],  # noqa: S607
+        input=json.dumps({"type": "clevis", "keyslots": keyslots, "jwe": null_jwe(secret)}).encode(),
+        check=True,
+        capture_output=True,
+    )
 
 
 def stand_in(host, script, program="clevis"):
