@@ -1063,7 +1063,30 @@ def facts(plan, reuse_lvm=False):
         "device_names": _device_names(plan, devices),
         "crypto_drivers": _crypto_drivers(devices),
         "disks": {n: sorted(_kernel_name(d) for d in v["devices"]) for n, v in plan["volumes"].items()},
+        "in_place": _in_place_progress(plan),
     }
+
+
+def _in_place_progress(plan):
+    """{volume: {"mode", "running", "progress"}} of each volume whose LV is under the formula's
+    encryption in place (encrypt_in_place): the header read natively, the unit asked only then."""
+    found = {}
+    for name, volume in plan["volumes"].items():
+        if not volume.get("encrypt_in_place") or not os.path.exists(volume["lv_path"]):
+            continue
+        try:
+            fact = luks_header(volume["lv_path"]).get("reencryption")
+        except CommandExecutionError:
+            continue  # not LUKS (yet): nothing under way
+        if not fact:
+            continue
+        unit = core.inplace.unit_name(volume["crypt_name"])
+        found[name] = {
+            "mode": fact.get("mode"),
+            "running": _unit_active(unit),
+            "progress": core.inplace.last_progress(_unit_output(unit)),
+        }
+    return found
 
 
 def _closed_headers(plan, devices):
@@ -1328,6 +1351,185 @@ def inspect():
             "stack": core.stack.describe(devices, name) if name else None,
         }
     return {"devices": devices, "mounts": stacks, "lvm": lvm}
+
+
+def signatures(device):
+    """(signatures, partition table type) of ``device`` from low-level probing (`blkid -p`)."""
+    return _blkid(device)
+
+
+def in_place_facts(device, crypt_name, mountpoint, shift=None):
+    """
+    Where the encryption in place of ``device`` (a volume's LV) as ``crypt_name`` stands, and
+    what it needs, read-only (``hana_storage_core.inplace``):
+
+    ``signature`` (blkid's TYPE, "" for none), ``reencryption`` (the LUKS2 header's, or None),
+    ``mapped`` (/dev/mapper/<crypt_name> exists), ``leftovers`` (cryptsetup's hotzone and
+    overlay devices of it), ``unit`` and ``running`` (the systemd unit that encrypts it),
+    ``progress`` (its last ``--progress-json`` line, parsed, or None), ``mounted_from``
+    ("device", "crypt", "other" or None: what is mounted at ``mountpoint``), ``users``
+    ([{"pid", "comm"}]: processes with a file, directory or mapping on that filesystem),
+    ``suspended`` (the mapping and those leftovers that are suspended), ``device_bytes``, and
+    of an XFS on ``device``: ``fs_bytes``, ``fs_sector``, the LV's ``lv_tags`` and, once a tag
+    records its size before the extension, ``tail``: what its last ``shift`` bytes hold
+    (inplace.tail_state). ``running`` is true while the unit runs, or any
+    ``cryptsetup reencrypt`` (one started by hand too).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' hana_storage_host.in_place_facts /dev/vg_hana_data/lv_hana_data hana_data /hana/data
+    """
+    signatures, _ = _blkid(device)
+    signature = signatures[0]["type"] if signatures else ""
+    mapped = {info["dm"]["name"]: info["dm"]["suspended"] for info in _sysfs().values() if info["dm"]}
+    names = sorted(mapped)
+    unit = core.inplace.unit_name(crypt_name)
+    leftovers = core.inplace.leftovers(crypt_name, names)
+    facts = {
+        "signature": signature,
+        "reencryption": luks_header(device)["reencryption"] if signature == "crypto_LUKS" else None,
+        "mapped": crypt_name in names,
+        "leftovers": leftovers,
+        "suspended": [n for n in [crypt_name, *leftovers] if mapped.get(n)],
+        "unit": unit,
+        "running": _unit_active(unit) or _reencrypt_running({crypt_name, device, os.path.realpath(device)}),
+        "progress": None,
+        "mounted_from": None,
+        "users": [],
+        "device_bytes": block_bytes(device),
+        "fs_bytes": None,
+        "fs_sector": None,
+        "lv_tags": [],
+        "tail": None,
+    }
+    if facts["running"] or facts["reencryption"]:
+        facts["progress"] = core.inplace.last_progress(_unit_output(unit))
+    live = mounted_at(mountpoint)
+    if live:
+        crypt = f"/dev/mapper/{crypt_name}"
+        ours = {"device": _dev_number(device), "crypt": _dev_number(crypt) if facts["mapped"] else None}
+        facts["mounted_from"] = next((k for k, v in ours.items() if v == live), "other")
+        facts["users"] = _processes_using(live)
+    if signature == "xfs":
+        tags, error = _run(["lvs", "--noheadings", "-o", "lv_tags", device])
+        if error:
+            raise CommandExecutionError(f"the tags of {device} cannot be read: {error}")
+        facts["lv_tags"] = [t for t in tags.strip().split(",") if t]
+        if shift and any(t.startswith(core.inplace.PLAIN_TAG) for t in facts["lv_tags"]):
+            facts["tail"] = _tail_state(device, shift, facts["device_bytes"])
+        superblock = xfs_superblock(device)
+        facts["fs_sector"] = superblock["sectsize"]
+        facts["fs_bytes"] = (
+            mounted_xfs_bytes(mountpoint, live)
+            if facts["mounted_from"] == "device"
+            else superblock["data_bytes"]
+        )
+    return facts
+
+
+def _tail_state(device, shift, size):
+    """inplace.tail_state of the LV's first and last ``shift`` bytes."""
+    if not size or size < 2 * shift:
+        return "other"
+    try:
+        fd = os.open(device, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as error:
+        raise CommandExecutionError(f"{device} cannot be read: {error.strerror}") from None
+    try:
+        head, tail = os.pread(fd, shift, 0), os.pread(fd, shift, size - shift)
+    except OSError as error:
+        raise CommandExecutionError(f"{device} cannot be read: {error.strerror}") from None
+    finally:
+        os.close(fd)
+    if len(head) != shift or len(tail) != shift:
+        return "other"
+    return core.inplace.tail_state(head, tail)
+
+
+def _reencrypt_running(names):
+    """Does any process run ``cryptsetup reencrypt`` on one of ``names`` (its argv in /proc)?"""
+    wanted = {os.fsencode(n) for n in names}
+    for pid in _listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                argv = handle.read(4096).split(b"\0")
+        except OSError:
+            continue
+        if (
+            argv
+            and os.path.basename(argv[0]) == b"cryptsetup"
+            and b"reencrypt" in argv
+            and wanted & set(argv)
+        ):
+            return True
+    return False
+
+
+def _dev_number(path):
+    try:
+        rdev = os.stat(path).st_rdev
+    except OSError:
+        return None
+    return f"{os.major(rdev)}:{os.minor(rdev)}"
+
+
+def _unit_active(unit):
+    result = __salt__["cmd.run_all"](
+        ["systemctl", "is-active", unit], python_shell=False, output_loglevel="quiet", ignore_retcode=True
+    )
+    return (result["stdout"] or "").strip() in ("active", "activating", "deactivating", "reloading")
+
+
+def _unit_output(unit):
+    """The last lines a unit wrote (the journal keeps them after the unit is gone)."""
+    text, _ = _run(["journalctl", "--unit", unit, "--output", "cat", "--lines", "40", "--no-pager"])
+    return text or ""
+
+
+def _processes_using(dev):
+    """[{"pid", "comm"}] of the processes with a file, directory or memory mapping on the
+    filesystem of ``dev`` (major:minor), as fuser -m finds them, read from /proc."""
+    major, minor = (int(n) for n in dev.split(":"))
+    wanted = os.makedev(major, minor)
+    found = []
+    for pid in _listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        base = f"/proc/{pid}"
+        links = [f"{base}/{name}" for name in ("cwd", "root", "exe")]
+        links += [f"{base}/fd/{fd}" for fd in _listdir(f"{base}/fd")]
+        uses = any(_st_dev(link) == wanted for link in links) or _maps_device(
+            _read(f"{base}/maps"), major, minor
+        )
+        if uses and int(pid) != os.getpid():
+            found.append({"pid": int(pid), "comm": _read(f"{base}/comm").strip()})
+    return found
+
+
+def _st_dev(path):
+    try:
+        return os.stat(path).st_dev
+    except OSError:
+        return None
+
+
+def _maps_device(maps, major, minor):
+    """Does a line of /proc/<pid>/maps map a file of device major:minor (its 4th field, hex)?"""
+    for line in maps.splitlines():
+        fields = line.split(None, 5)
+        if len(fields) < 5 or fields[4] == "0":
+            continue
+        high, _, low = fields[3].partition(":")
+        try:
+            if (int(high, 16), int(low, 16)) == (major, minor):
+                return True
+        except ValueError:
+            continue
+    return False
 
 
 def mounted_at(mountpoint):

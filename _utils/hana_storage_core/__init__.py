@@ -30,6 +30,7 @@ from . import (  # noqa: F401 - the package's modules, as core.<module> for its 
     evidence,
     files,
     fio,
+    inplace,
     kdf,
     kernel_watch,
     limits,

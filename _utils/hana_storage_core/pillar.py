@@ -259,6 +259,35 @@ def _setting(config, volume_name, key):
     return config.get("volume_defaults", {}).get(key), ("volume_defaults", key)
 
 
+def _in_place_errors(config, name, volume):
+    """encrypt_in_place takes the one route the formula proves: an XFS on an LV (above LVM),
+    opened by a key the host holds (a key file or the pillar's key)."""
+    if not volume.get("encrypt_in_place"):
+        return []
+    where = keypath("volumes", name, "encrypt_in_place")
+    if _setting(config, name, "encryption")[0] == "below_lvm":
+        return [
+            f"{where}: below LVM each PV would have to be moved onto a new LUKS PV (pvmove through a "
+            "spare LUN), which the formula does not do; encrypt above LVM in place (encryption: "
+            "above_lvm), or move the data by hand"
+        ]
+    key = volume.get("key", config.get("key", {}))
+    if isinstance(key.get("previous"), dict):
+        return [
+            f"{where}: the key is being rotated (key:previous): rotate before or after the encryption in "
+            "place, not during it (the encryption runs with one key; remove encrypt_in_place once "
+            "hana_storage.audit no longer reports it under way)"
+        ]
+    source = key.get("source")
+    if source in CLEVIS_SOURCES:
+        return [
+            f"{where}: the key source {source} binds through Clevis, which the formula does only once "
+            "a volume is encrypted: encrypt in place with a keyfile or pillar key, then change the "
+            "volume's key source"
+        ]
+    return []
+
+
 def _key_paths(key, where):
     """[(a key file's path or None, its key path)]: the key's and its previous key's; a Clevis
     key's (Tang, TPM2) files are its recovery key's."""
@@ -421,6 +450,8 @@ def semantic_errors(config, fixable=None):
                 f"{stripes} stripes evenly: give it a multiple of {stripes} devices "
                 f"({', '.join(str(stripes * k) for k in _multiples_near(len(volume['devices']), stripes))})"
             )
+
+        errors += _in_place_errors(config, name, volume)
 
         stripe, origin = _setting(config, name, "stripe_size")
         kib = parse_kib(stripe)
@@ -802,6 +833,7 @@ def normalize(config, systemd_version=None, ram_kib=None, crypttab=None, host_fi
         for field, default in default_names(name).items():
             volume.setdefault(field, default)
         volume.setdefault("allow_format", [])
+        volume["encrypt_in_place"] = bool(volume.get("encrypt_in_place"))
         volume["stripe_size_kib"] = parse_kib(volume.pop("stripe_size"))
         volume["stripes"] = volume.get("stripes", len(volume["devices"]))
         volume["key"] = _volume_key(name, raw, config)

@@ -832,7 +832,7 @@ def test_a_key_file_where_the_formula_writes_its_own_files_is_refused(key, why):
     not out of the other paths the formula writes: ``<header_backup.directory>/<crypt>.luks-header``
     (core.files.install renames the proven backup over it: tests/unit/test_states.py
     test_a_header_backup_never_replaces_a_key_file), its ``.new`` (unlinked before each backup),
-    and /run/hana-storage/scratch (_run_clevis mounts a ramfs there and removes every directory
+    and /run/hana-storage/scratch (_run_scratch mounts a ramfs there and removes every directory
     in it). Such a pillar validates; the first apply destroys the key the volume opens with."""
     pillar = {
         "key": key,

@@ -1,6 +1,8 @@
 # -*- coding: utf-8 -*-
 # vim: ft=sls
-# LUKS2 format and open: on the LV (above LVM) or on each disk (below). Nothing is written to a
+# LUKS2 format and open: on the LV (above LVM) or on each disk (below). A volume installed
+# unencrypted, with encrypt_in_place, is encrypted where it is first (in-place); while that runs,
+# each step that writes a header or a mapping leaves the device alone. Nothing is written to a
 # device the key opens before what it holds is known: it is opened without storing the dm-crypt
 # flags, then looked inside (below LVM: pv_safe here, before pvcreate wipes; above LVM: the mkfs
 # state), and only then does it get a keyslot for a rotated key, a Clevis binding (Tang and TPM2
@@ -15,6 +17,22 @@
 {%-   for name, volume in hana_storage.config.volumes | dictsort %}
 {%-     set above = volume.encryption == 'above_lvm' %}
 {%-     set may_wipe = volume.may_format | length == volume.devices | length %}
+{%-     if volume.encrypt_in_place %}
+
+hana-storage-{{ name }}-in-place:
+  hana_storage.encrypted_in_place:
+    - name: {{ volume.crypt_name }}
+    - device: {{ volume.lv_path }}
+    - mountpoint: {{ volume.mountpoint }}
+    - key_file: {{ volume.key.file }}
+    - luks: {{ luks | json }}
+    - stripes: {{ volume.stripes }}
+    - stripe_kib: {{ volume.stripe_size_kib }}
+    - mount_options: {{ volume.mount_options | json }}
+    - max_mib_s: {{ hana_storage.config.get('in_place', {}).get('max_mib_s') | json }}
+    - require:
+      - hana_storage: hana-storage-{{ name }}-lv-extended
+{%-     endif %}
 {%-     for crypt in volume.crypt %}
 {%-       set inside = 'mkfs' if above else 'inside-' ~ loop.index0 %}
 {%-       set rekeyed = 'rekey-' ~ loop.index0 if volume.key.previous else inside %}
@@ -37,7 +55,7 @@ hana-storage-{{ name }}-luks-{{ loop.index0 }}:
     - previous_key_file: {{ volume.key.previous.file }}
 {%-       endif %}
     - require:
-      - hana_storage: hana-storage-{{ name }}-{{ 'lv-active' if above else 'guard' }}
+      - hana_storage: hana-storage-{{ name }}-{{ 'in-place' if volume.encrypt_in_place else 'lv-active' if above else 'guard' }}
 
 hana-storage-{{ name }}-open-{{ loop.index0 }}:
   hana_storage.luks_opened:
