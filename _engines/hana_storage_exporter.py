@@ -167,6 +167,12 @@ class Metrics:
             ["minion"],
             registry=registry,
         )
+        self.in_place = gauge(
+            "hana_storage_in_place_progress_ratio",
+            "How far the encryption in place of a volume is (0-1), while it is under way",
+            ["minion", "volume"],
+            registry=registry,
+        )
         self.events = counter("hana_storage_events", "Events processed", ["event"], registry=registry)
         self.held_back = counter(
             "hana_storage_findings_held_back",
@@ -246,10 +252,21 @@ class Metrics:
             minion, keep=lambda metric, values: metric is not self.compliant or values[1] in volumes
         )
         self.volumes[minion] = volumes
+        self._in_place(minion, data.get("volumes") or {}, volumes)
         self.open[minion] = open_findings
         self.labels(self.last_audit, minion).set(float(data.get("ts") or 0))
         self._held_back(minion, dropped)
         self._refresh(minion)
+
+    def _in_place(self, minion, reported, volumes):
+        """The progress of each volume the audit says is being encrypted in place; a volume no
+        longer under way drops its series."""
+        self.forget(minion, keep=lambda metric, values: metric is not self.in_place)
+        for name in sorted(volumes):
+            entry = reported.get(name)
+            percent = core.events.in_place_percent(entry.get("in_place")) if isinstance(entry, dict) else None
+            if percent is not None:
+                self.labels(self.in_place, minion, name).set(percent / 100)
 
     def violation(self, minion, data):
         rule, severity = self.rule(data["rule"])

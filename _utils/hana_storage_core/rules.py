@@ -8,7 +8,7 @@ not be gathered is ``{"error": "..."}`` and the rule that needs it says so.
 
 from typing import NamedTuple
 
-from . import controls, kdf, stack, tab, xfs
+from . import controls, inplace, kdf, stack, tab, xfs
 
 
 class Fix(NamedTuple):
@@ -600,7 +600,10 @@ class VolumeAudit:
                 "not mounted",
                 f"{volume['mountpoint']} is not mounted: HANA would write to the root filesystem",
             )
-        if top:
+        underway = self.facts.get("in_place", {}).get(volume["name"])
+        if underway and top:
+            self._in_place_rules(top, underway, summary)
+        elif top:
             self._stack_rules(top, mount, summary)
         elif mount is not None:
             self.add(
@@ -618,6 +621,31 @@ class VolumeAudit:
         self._naming_rules()
         summary["reencryption"] = self.reencryption
         return self.findings, summary
+
+    def _in_place_rules(self, top, underway, summary):
+        """While the formula encrypts the volume in place, its stack is cryptsetup's: crypt and
+        plaintext segments over hotzone and overlay devices, no LUKS header on most of them.
+        What holds is that part of the volume is still plaintext (HANA-ENC-001, with how far the
+        encryption is); once nothing runs it, a device of that stack left suspended is the frozen
+        I/O of a killed cryptsetup (HANA-LAYOUT-004)."""
+        info = stack.describe(self.devices, top)
+        summary.update(layer="in_place", stack=info["devices"], in_place=underway)
+        progress = underway.get("progress")
+        name = self.volume["crypt_name"]
+        if underway.get("running"):
+            how = inplace.describe(name, progress)
+        else:
+            stopped = f" (stopped at {progress['percent']} %)" if progress else ""
+            how = f"the encryption of {name} in place is under way but not running{stopped}: the next apply goes on"
+        self.add(
+            "HANA-ENC-001",
+            self.devices[top]["path"],
+            "every block encrypted",
+            f"{progress['percent']} % encrypted" if progress else "encryption in place under way",
+            f"{self.volume['mountpoint']} is being encrypted in place: part of it is still plaintext ({how})",
+        )
+        if not underway.get("running"):
+            self._health_rules(info)
 
     def _naming_rules(self):
         names = self.facts.get("device_names", {})

@@ -986,3 +986,25 @@ def test_a_crypt_opened_on_one_path_of_a_map_still_belongs_on_the_map_in_cryptta
     entry = next(e for e in facts["crypttab"] if e["name"] == "hana_log_0")
     entry["device"] = "/dev/disk/by-id/dm-uuid-mpath-3600a098038304437"
     assert "HANA-PERSIST-001" not in {f["rule"] for f in rules.audit(plan_of(PILLAR), facts)["findings"]}
+
+
+def test_during_an_encryption_in_place_the_volume_is_enc_001_with_its_progress_and_nothing_else():
+    """cryptsetup's temporary stack (crypt and plaintext segments over hotzone and overlay
+    devices) is not judged as a layout: what holds is that part of the volume is plaintext.
+    Once nothing runs the encryption, a suspended device of that stack is the frozen I/O of a
+    killed cryptsetup."""
+    facts = compliant()
+    progress = {"done": 1, "size": 4, "percent": 25, "eta_s": 600, "bytes_per_s": 1}
+    facts["in_place"] = {"data": {"mode": "encrypt", "running": True, "progress": progress}}
+    plan = plan_of(PILLAR)
+    report = rules.audit(plan, facts)
+    data = [f for f in report["findings"] if f["volume"] == "data"]
+    assert [(f["rule"], f["actual"]) for f in data] == [("HANA-ENC-001", "25 % encrypted")]
+    assert data[0]["message"].endswith("(encrypting hana_data: 25 %, about 10 min left)")
+    assert report["volumes"]["data"]["layer"] == "in_place" and report["volumes"]["data"]["in_place"]
+    assert not [f for f in report["findings"] if f["volume"] != "data"]
+    facts["in_place"]["data"]["running"] = False
+    facts["devices"]["dm-0"]["suspended"] = True
+    stopped = [f for f in rules.audit(plan, facts)["findings"] if f["volume"] == "data"]
+    assert [f["rule"] for f in stopped] == ["HANA-ENC-001", "HANA-LAYOUT-004"]
+    assert "not running (stopped at 25 %): the next apply goes on" in stopped[0]["message"]
