@@ -61,7 +61,13 @@ fi
 n=0
 touch "$dir/ready"
 while :; do
-  if [ -f "$dir/cmd.$n" ]; then
+  if [ -f "$dir/cmd.$n" ] && [ -f /run/lab-systemd.pid ]; then
+    # inside the PID namespace of the guest's systemd (start_service_manager): systemctl and
+    # systemd-run reach it only from there
+    nsenter -t "$(cat /run/lab-systemd.pid)" -p sh "$dir/cmd.$n" >"$dir/out.$n" 2>&1 </dev/null
+    echo $? >"$dir/rc.$n.tmp" && mv "$dir/rc.$n.tmp" "$dir/rc.$n"
+    n=$((n+1))
+  elif [ -f "$dir/cmd.$n" ]; then
     sh "$dir/cmd.$n" >"$dir/out.$n" 2>&1 </dev/null
     echo $? >"$dir/rc.$n.tmp" && mv "$dir/rc.$n.tmp" "$dir/rc.$n"
     n=$((n+1))
@@ -445,6 +451,18 @@ class Lab:
         (self.workdir / "vm.pid").unlink(missing_ok=True)
         self._lock.close()
 
+    def power_off(self):
+        """Cut the guest's power: QEMU killed at once, nothing shut down or flushed. What the
+        guest wrote reached the disk images; what it held in its page cache is lost."""
+        say("cutting the guest's power (QEMU killed)")
+        os.killpg(self.proc.pid, 9)
+        self.proc.wait()
+        self._stop_tpm()
+        self._log.close()
+        self.proc = None
+        (self.workdir / "vm.pid").unlink(missing_ok=True)
+        self._lock.close()
+
     def resize_disk(self, index, size_bytes):
         """Grow lab disk N under the running guest, every path of it, as a SAN grows a LUN or a
         cloud a volume (QEMU's block_resize over its QMP socket): the guest sees the new size
@@ -603,6 +621,34 @@ class Lab:
     def pillar(self, template=REPO / "lab" / "pillar.sls.j2"):
         """The lab pillar (lab/pillar.sls.j2) rendered with the lab key."""
         return pathlib.Path(template).read_text().replace("{{ key_b64 }}", self.key_b64())
+
+    def start_service_manager(self):
+        """A real systemd service manager in the guest, for what the formula hands to systemd
+        (``systemd-run`` units). virtme-ng's init is not systemd, and systemd runs as a system
+        manager only as PID 1: it runs as PID 1 of a PID namespace, with a target that starts
+        nothing but its journal, and every later command of the lab (Salt's included) runs in
+        that namespace, where systemctl reaches it."""
+        say("starting systemd in the guest (a PID namespace of its own)")
+        started = time.monotonic()
+        self.write(
+            "/etc/systemd/system/lab-minimal.target",
+            "[Unit]\nDescription=lab: a service manager for transient units\n"
+            "Wants=systemd-journald.service\n",
+        )
+        self.run(
+            "setsid unshare --pid --fork --mount-proc /lib/systemd/systemd --system "
+            "--unit=lab-minimal.target </dev/null >/run/lab-systemd.log 2>&1 &\n"
+            "for i in $(seq 600); do\n"
+            "  pid=$(pgrep -f '^/lib/systemd/systemd --system' | tail -n 1)\n"
+            '  state=$([ -n "$pid" ] && nsenter -t $pid -p systemctl is-system-running 2>/dev/null)\n'
+            '  case "$state" in running|degraded) echo $pid >/run/lab-systemd.pid; exit 0;; esac\n'
+            "  sleep 0.5\n"
+            "done\n"
+            "echo 'systemd did not come up: /run/lab-systemd.log' >&2; exit 1",
+            check=True,
+            echo=False,
+        )
+        self._record("systemd-start", "systemd in a PID namespace", time.monotonic() - started)
 
     def setup_salt(self, pillar_yaml=None, minion_id="lab"):
         """A masterless minion in the guest: root_dir on tmpfs, the formula as file_roots.
