@@ -1,13 +1,11 @@
 # ruff: noqa: F811 - pytest fixtures imported from tests/unit/test_inplace.py are parameters here
 """Attack 17: progress lines, the audit's in-place facts and the exporter on odd input."""
 
-import importlib.util
-
 import pytest
 from hana_storage_core import events, inplace
 from prometheus_client import CollectorRegistry, generate_latest
 
-from tests.conftest import REPO
+from tests.unit.test_events import load
 from tests.unit.test_inplace import (  # noqa: F401 - fixtures
     ENCRYPT,
     HOST_FACTS,
@@ -82,11 +80,7 @@ def test_closed_a_huge_eta_is_said_in_hours_and_a_count_beyond_64_bits_is_an_err
 def test_closed_the_exporter_takes_no_forged_in_place_shape():
     """CLOSED. Forged audit events (signed by a minion, still untrusted): in_place of every odd
     shape, volumes as a list, serve no gauge and raise nothing."""
-    spec = importlib.util.spec_from_file_location(
-        "exporter_attack17", REPO / "_engines" / "hana_storage_exporter.py"
-    )
-    exporter = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(exporter)
+    exporter = load("_engines/hana_storage_exporter.py", "exporter_attack17")
     registry = CollectorRegistry()
     metrics = exporter.Metrics(registry)
     for forged in ("50", [50], {"percent": float("nan")}, {"percent": 10**30}, {"percent": -0}, None, 3):

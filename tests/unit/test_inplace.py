@@ -11,6 +11,7 @@ from hana_storage_core import events, inplace
 from prometheus_client import CollectorRegistry, generate_latest
 
 from tests.conftest import REPO
+from tests.unit.test_events import load
 from tests.unit.test_pillar import errors_of, mutate
 
 spec = importlib.util.spec_from_file_location(
@@ -289,6 +290,11 @@ def configure_loader_modules(host, opts):
     return {states: {"__salt__": host, "__opts__": opts, "__context__": {}}}
 
 
+def underway_facts(**overrides):
+    """The host's facts of a volume whose encryption in place is under way, its mapping open."""
+    return dict(HOST_FACTS, signature="crypto_LUKS", reencryption=ENCRYPT, mapped=True, **overrides)
+
+
 def apply():
     return states.encrypted_in_place(
         "hana_data", LV, "/hana/data", KEY, LUKS, 2, 64, ["noatime"], max_mib_s=None
@@ -357,11 +363,7 @@ def test_a_step_that_fails_stops_the_rest(host):
 
 
 def test_a_frozen_stack_is_never_touched_and_a_reboot_is_named(host):
-    host["hana_storage_host.in_place_facts"].return_value = dict(
-        HOST_FACTS,
-        signature="crypto_LUKS",
-        reencryption=ENCRYPT,
-        mapped=True,
+    host["hana_storage_host.in_place_facts"].return_value = underway_facts(
         mounted_from="crypt",
         leftovers=["hana_data-hotzone-backward", "hana_data-overlay"],
         suspended=["hana_data-hotzone-backward"],
@@ -374,11 +376,7 @@ def test_a_frozen_stack_is_never_touched_and_a_reboot_is_named(host):
 
 
 def test_a_crash_is_recovered_offline(host):
-    host["hana_storage_host.in_place_facts"].return_value = dict(
-        HOST_FACTS,
-        signature="crypto_LUKS",
-        reencryption=ENCRYPT,
-        mapped=True,
+    host["hana_storage_host.in_place_facts"].return_value = underway_facts(
         mounted_from="crypt",
         leftovers=["hana_data-overlay"],
     )
@@ -393,11 +391,7 @@ def test_a_crash_is_recovered_offline(host):
 
 
 def test_a_running_encryption_is_reported_not_touched(host):
-    host["hana_storage_host.in_place_facts"].return_value = dict(
-        HOST_FACTS,
-        signature="crypto_LUKS",
-        reencryption=ENCRYPT,
-        mapped=True,
+    host["hana_storage_host.in_place_facts"].return_value = underway_facts(
         running=True,
         progress=inplace.parse_progress(LINE),
     )
@@ -437,11 +431,7 @@ def audit_of(underway, running=True):
 
 
 def test_the_audit_event_carries_the_progress_and_the_exporter_a_gauge_while_it_lasts():
-    spec = importlib.util.spec_from_file_location(
-        "exporter_in_place", REPO / "_engines" / "hana_storage_exporter.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load("_engines/hana_storage_exporter.py", "exporter_in_place")
     registry = CollectorRegistry()
     metrics = module.Metrics(registry)
     event = audit_of(inplace.parse_progress(LINE))
