@@ -63,9 +63,19 @@ touch "$dir/ready"
 while :; do
   if [ -f "$dir/cmd.$n" ] && [ -f /run/lab-systemd.pid ]; then
     # inside the PID namespace of the guest's systemd (start_service_manager): systemctl and
-    # systemd-run reach it only from there
-    nsenter -t "$(cat /run/lab-systemd.pid)" -p sh "$dir/cmd.$n" >"$dir/out.$n" 2>&1 </dev/null
-    echo $? >"$dir/rc.$n.tmp" && mv "$dir/rc.$n.tmp" "$dir/rc.$n"
+    # systemd-run reach it only from there. Outside it they fail with "Failed to connect to
+    # bus", so a namespace that is gone (or a PID now someone else's) is said, not run in.
+    pid=$(cat /run/lab-systemd.pid)
+    if [ "$(cat /proc/$pid/comm 2>/dev/null)" = systemd ] \
+       && [ "$(readlink /proc/$pid/ns/pid)" != "$(readlink /proc/self/ns/pid)" ]; then
+      nsenter -t "$pid" -p sh "$dir/cmd.$n" >"$dir/out.$n" 2>&1 </dev/null
+      echo $? >"$dir/rc.$n.tmp"
+    else
+      { echo "the lab's systemd (pid $pid) is gone: read /run/lab-systemd.log"
+        tail -n 20 /run/lab-systemd.log; } >"$dir/out.$n" 2>&1
+      echo 125 >"$dir/rc.$n.tmp"
+    fi
+    mv "$dir/rc.$n.tmp" "$dir/rc.$n"
     n=$((n+1))
   elif [ -f "$dir/cmd.$n" ]; then
     sh "$dir/cmd.$n" >"$dir/out.$n" 2>&1 </dev/null
@@ -639,7 +649,10 @@ class Lab:
             "setsid unshare --pid --fork --mount-proc /lib/systemd/systemd --system "
             "--unit=lab-minimal.target </dev/null >/run/lab-systemd.log 2>&1 &\n"
             "for i in $(seq 600); do\n"
-            "  pid=$(pgrep -f '^/lib/systemd/systemd --system' | tail -n 1)\n"
+            # PID 1 of the namespace: a child systemd forked but has not yet exec'd matches
+            # its command line too, and lives only briefly
+            "  pid=$(for p in $(pgrep -x systemd); do\n"
+            "    awk -v p=$p '/^NSpid:/ && NF == 3 && $3 == 1 {print p}' /proc/$p/status; done)\n"
             '  state=$([ -n "$pid" ] && nsenter -t $pid -p systemctl is-system-running 2>/dev/null)\n'
             '  case "$state" in running|degraded) echo $pid >/run/lab-systemd.pid; exit 0;; esac\n'
             "  sleep 0.5\n"
@@ -649,6 +662,22 @@ class Lab:
             echo=False,
         )
         self._record("systemd-start", "systemd in a PID namespace", time.monotonic() - started)
+
+    def systemctl(self, args, check=True, title=None):
+        """``systemctl <args>`` in the lab's service manager (start_service_manager). A refused
+        bus connection is tried once more, and what the service manager said is kept in the
+        step log: a CI run saw it once, and the lab's log had to tell why."""
+        result = self.run(f"systemctl {args}", title=title, echo=False)
+        if "Failed to connect to bus" in result.output:
+            self.run(
+                "echo '# systemd of the lab:'; cat /run/lab-systemd.pid; ls -l /run/systemd/private; "
+                "tail -n 20 /run/lab-systemd.log; journalctl -b _PID=1 --no-pager | tail -n 20",
+                title="systemctl found no bus: what the service manager says",
+            )
+            result = self.run(f"systemctl {args}", title=title, echo=False)
+        if check and not result.ok:
+            raise LabError(f"systemctl {args} failed with rc {result.rc}:\n{result.output[-2000:]}")
+        return result
 
     def setup_salt(self, pillar_yaml=None, minion_id="lab"):
         """A masterless minion in the guest: root_dir on tmpfs, the formula as file_roots.
