@@ -117,14 +117,16 @@ def _run_scratch(argv, workdir=False):
     ``clevis luks bind`` copies the whole LUKS header into a ``mktemp -d`` and leaves it there
     when killed: under /tmp that is a header on a disk (with a revoked key's keyslot, during a
     rotation). ``cryptsetup reencrypt --encrypt`` writes its new header to a file in its working
-    directory first. A directory a killed run left on the ramfs is removed by the next run; a
-    reboot empties the ramfs."""
+    directory first. A directory a killed run left on the ramfs is removed by the next run (one
+    whose process still runs, a remediation's beside this apply, is its own); a reboot empties
+    the ramfs."""
     _forget_reads()
     try:
         _ramfs(SCRATCH)
-        for stale in os.listdir(SCRATCH):
-            shutil.rmtree(os.path.join(SCRATCH, stale), ignore_errors=True)
-        private = tempfile.mkdtemp(prefix="clevis-", dir=SCRATCH)
+        for name in os.listdir(SCRATCH):
+            if not _scratch_owner_runs(name):
+                shutil.rmtree(os.path.join(SCRATCH, name), ignore_errors=True)
+        private = tempfile.mkdtemp(prefix=f"clevis-{_process_id(os.getpid())}-", dir=SCRATCH)
     except (OSError, CommandExecutionError) as error:
         return False, f"no private scratch directory for Clevis on a ramfs at {SCRATCH}: {error}"
     try:
@@ -139,6 +141,25 @@ def _run_scratch(argv, workdir=False):
         return result["retcode"] == 0, _brief(result["stderr"] or result["stdout"])
     finally:
         shutil.rmtree(private, ignore_errors=True)
+
+
+def _process_id(pid):
+    """``<pid>.<start time>``: a process, told apart from a later one given the same PID; None
+    when ``pid`` runs no more."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            fields = handle.read().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return f"{pid}.{fields[19]}" if len(fields) > 19 else None
+
+
+def _scratch_owner_runs(name):
+    """Does the process that made scratch directory ``name`` (clevis-<pid>.<start>-XXXX) still
+    run? A name of another shape is a killed run's from an older release."""
+    owner = name.split("-")[1] if name.count("-") >= 2 else ""
+    pid = owner.partition(".")[0]
+    return pid.isdigit() and _process_id(pid) == owner
 
 
 def _ramfs(directory):

@@ -2783,3 +2783,29 @@ def test_fips_keyslots_in_test_mode_and_with_a_policy_fips_mode_refuses_write_no
     refused = states.fips_keyslots(str(image), str(keyfile), {"type": "argon2id", "memory_kib": 8192})
     assert refused["result"] is False and "FIPS mode opens PBKDF2 with SHA-2 only" in refused["comment"]
     assert image.read_bytes() == before
+
+
+def test_a_scratch_directory_of_a_running_job_is_kept_and_a_killed_ones_removed(
+    salt_functions, scratch, monkeypatch
+):
+    """The scratch ramfs holds what Clevis and cryptsetup copy of a LUKS header. A run removed
+    every directory on it, a remediation's beside it included: that Clevis lost its copy of the
+    header mid-bind. A directory whose process runs is its owner's; one of a process gone (or
+    given the same PID later) is a killed run's, and goes."""
+    monkeypatch.setattr(states, "_ramfs", lambda directory: None)
+    neighbour = subprocess.Popen(["sleep", "60"])
+    try:
+        running = scratch / f"clevis-{states._process_id(neighbour.pid)}-abc123"
+        reused = scratch / f"clevis-{neighbour.pid}.1-def456"  # that PID, an older start
+        gone = scratch / "clevis-4194304.77-ghi789"  # above any pid_max
+        older = scratch / "clevis-jkl012"  # an older release's name
+        for folder in (running, reused, gone, older):
+            folder.mkdir()
+            (folder / "header").write_bytes(b"LUKS")
+        salt_functions["cmd.run_all"].return_value = {"retcode": 0, "stdout": "", "stderr": ""}
+        assert states._run_scratch(["clevis", "luks", "list", "-d", "/dev/sdx"]) == (True, "")
+        assert sorted(p.name for p in scratch.iterdir()) == [running.name]
+        assert (running / "header").read_bytes() == b"LUKS"
+    finally:
+        neighbour.kill()
+        neighbour.wait()
