@@ -455,11 +455,7 @@ class Lab:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, 9)
             self.proc.wait()
-        self._stop_tpm()
-        self._log.close()
-        self.proc = None
-        (self.workdir / "vm.pid").unlink(missing_ok=True)
-        self._lock.close()
+        self._release()
 
     def power_off(self):
         """Cut the guest's power: QEMU killed at once, nothing shut down or flushed. What the
@@ -467,6 +463,10 @@ class Lab:
         say("cutting the guest's power (QEMU killed)")
         os.killpg(self.proc.pid, 9)
         self.proc.wait()
+        self._release()
+
+    def _release(self):
+        """What a guest that ended leaves to free: its TPM, its log, its PID file and its lock."""
         self._stop_tpm()
         self._log.close()
         self.proc = None
