@@ -62,7 +62,7 @@ test-vm: deps
 	@tools/vm-lanes --lanes $(VM_LANES) $(foreach m,$(VM_MODULES),$(NEWEST):$(m)) \
 	  $(foreach l,$(EVENTS_LINES),$(l):tests/vm/test_events.py)
 
-# benchmarks (about 30 min under emulation): table printed, kept in build/bench/results.{json,md}
+# benchmarks (about 36 min under emulation): table printed, kept in build/bench/results.{json,md}
 bench: deps
 	.venv/bin/python $(PYTEST) bench -q
 
