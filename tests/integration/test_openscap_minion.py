@@ -55,21 +55,28 @@ def test_openscap_xccdf_on_a_real_minion_fails_exactly_the_audits_rules(
     failing = {f["rule"] for f in audit["findings"]}
     assert "HANA-MOUNT-001" in failing
     # The status file is the host's: `make test` runs the integration tier of each Salt line side
-    # by side, and their minions' beacons record their own audits there. A scan is compared with
-    # this minion's audit only if the file it read is the one this minion recorded.
-    for _attempt in range(5):
+    # by side, and their minions' beacons record their own audits there, as often as every few
+    # seconds under load. So the scan reads a private copy of what this minion recorded, through
+    # the installed data stream with its status path (and nothing else) changed.
+    # (The minions of every line are "hana-minion": a record read right after this one's is taken
+    # as this one's when it names the same findings.)
+    for _attempt in range(20):
         recorded = call.run("hana_storage.scap_record").data
         assert recorded["written"] == str(STATUS) and recorded["error"] is None, recorded
         ours = STATUS.read_bytes()
         assert b"material" not in ours and STORAGE["key"]["material"].encode() not in ours
-        ret = call.run("openscap.xccdf", f"eval --profile {PROFILE} {stream}")
-        recorded_rules = {
-            line.split()[1] for line in ours.decode().splitlines() if line.startswith("finding ")
-        }
-        if STATUS.read_bytes() == ours and recorded_rules == failing:
+        lines = ours.decode().splitlines()
+        if {line.split()[1] for line in lines if line.startswith("finding ")} == failing:
             break
     else:
-        pytest.fail("another minion on this host recorded its audit during each of 5 scans")
+        pytest.fail("another minion on this host recorded its audit each time this one had")
+    private = tmp_path / "audit.status"
+    private.write_bytes(ours)
+    installed = stream.read_text()
+    assert installed.count(f">{STATUS}<") >= 1
+    scanned = tmp_path / "scanned-ds.xml"
+    scanned.write_text(installed.replace(f">{STATUS}<", f">{private}<"))
+    ret = call.run("openscap.xccdf", f"eval --profile {PROFILE} {scanned}")
     assert ret.returncode == 0, ret
     assert ret.data["success"] is True and ret.data["returncode"] == 2, ret.data  # 2: a rule failed
     # cp.push_dir keeps the minion's path under the master's cachedir
