@@ -19,18 +19,15 @@ import re
 import pytest
 
 from bench.conftest import Target
-from tests.vm.conftest import boot, write_lab_key
 from tests.vm.test_in_place import (
-    DISKS,
-    KEY_FILE,
     LV,
     LV_MIB,
     MOUNT,
     UNIT,
-    build_plain,
     failures,
     in_place_state,
     pillar,
+    plain_lab,
 )
 
 pytestmark = pytest.mark.vm
@@ -40,10 +37,7 @@ DD_RUNS = 3
 
 @pytest.fixture(scope="module")
 def vm(request):
-    vm = boot(request, disks=len(DISKS), disk_size="1G")
-    vm.start_service_manager()
-    write_lab_key(vm, KEY_FILE)
-    build_plain(vm)
+    vm = plain_lab(request)
     vm.setup_salt(pillar(vm, max_mib_s=None))
     return vm
 

@@ -128,12 +128,19 @@ def build_plain(vm):
     )
 
 
-@pytest.fixture(scope="module")
-def vm(request):
+def plain_lab(request):
+    """A lab booted with this module's volume as a host installed it (build_plain), the key file
+    in place and a service manager for the unit; Salt not started yet."""
     vm = boot(request, disks=len(DISKS), disk_size="1G")
     vm.start_service_manager()
     write_lab_key(vm, KEY_FILE)
     build_plain(vm)
+    return vm
+
+
+@pytest.fixture(scope="module")
+def vm(request):
+    vm = plain_lab(request)
     vm.sums = (file_sum(vm), raw_sum(vm, LV))
     vm.setup_salt(pillar(vm))
     return vm
