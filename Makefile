@@ -52,14 +52,18 @@ test-integration: deps
 # the real kernel on the newest line, its events module (a real minion daemon and its beacon in
 # the guest, two hot masters and their Redis store on the host) on EVENTS_LINES, by default the
 # oldest line only (the integration tier runs the real beacon in a real minion daemon on every
-# line; make test-vm EVENTS_LINES="3006 3008" for more). Modules run in VM_LANES lanes side by
-# side, one lab VM per lane (tools/vm-lanes): each emulated guest keeps about one core busy.
+# line; make test-vm EVENTS_LINES="3006 3008" for more), and the day-two states' encryption in
+# place on OLDEST_MODULES' line, the oldest (SUSE Manager's 3006): each module once, on one line.
+# Modules run in VM_LANES lanes side by side, one lab VM per lane (tools/vm-lanes): each
+# emulated guest keeps about one core busy.
 EVENTS_LINES ?= $(OLDEST)
 VM_LANES ?= $(shell n=$$(nproc); [ $$n -ge 2 ] && echo 2 || echo 1)
-VM_MODULES ?= $(filter-out tests/vm/test_events.py,$(wildcard tests/vm/test_*.py))
+OLDEST_MODULES ?= tests/vm/test_in_place.py
+VM_MODULES ?= $(filter-out tests/vm/test_events.py $(OLDEST_MODULES),$(wildcard tests/vm/test_*.py))
 test-vm: deps
-	@echo "== VM tier: Salt $(NEWEST), the events module on $(EVENTS_LINES), $(VM_LANES) lanes"
+	@echo "== VM tier: Salt $(NEWEST), the events module on $(EVENTS_LINES), $(OLDEST_MODULES) on $(OLDEST), $(VM_LANES) lanes"
 	@tools/vm-lanes --lanes $(VM_LANES) $(foreach m,$(VM_MODULES),$(NEWEST):$(m)) \
+	  $(foreach m,$(OLDEST_MODULES),$(OLDEST):$(m)) \
 	  $(foreach l,$(EVENTS_LINES),$(l):tests/vm/test_events.py)
 
 # benchmarks (about 36 min under emulation): table printed, kept in build/bench/results.{json,md}
