@@ -511,10 +511,12 @@ def _volume_keys(digests):
     holds no volume key. Ids only: a digest's value never leaves."""
     volume_key_of = {}
     for did, digest in _numbered(digests, "digest"):
-        slots = digest.get("keyslots")
+        slots, segments = digest.get("keyslots"), digest.get("segments")
         if not isinstance(slots, list) or not all(isinstance(k, str) for k in slots):
             raise LuksError(f"digest {did}: 'keyslots' is not a list of keyslot ids")
-        if digest.get("segments"):
+        if not isinstance(segments, list) or not all(isinstance(k, str) for k in segments):
+            raise LuksError(f"digest {did}: 'segments' is not a list of segment ids")
+        if segments:
             volume_key_of.update(dict.fromkeys(slots, str(did)))
     return volume_key_of
 

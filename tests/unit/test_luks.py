@@ -442,3 +442,14 @@ def test_a_digit_int_cannot_read_is_a_luks_error(make_luks, edit):
     """Regression: str.isdigit() accepts "²", and int() then raised ValueError."""
     with pytest.raises(luks.LuksError):
         parse_file(rewrite_luks2_json(make_luks(), edit))
+
+
+@pytest.mark.parametrize("segments", [5, True, {"0": 1}, [0], None])
+def test_a_digest_whose_segments_are_not_a_list_of_ids_is_the_parsers_own_error(make_luks, segments):
+    """Regression (attack review 18): a digest with "segments": 5 made the parser raise
+    TypeError, which the host module does not catch (it takes LuksError, a ValueError): one
+    forged header cost the audit every finding of every volume."""
+    path = make_luks(kdf="pbkdf2")
+    rewrite_luks2_json(path, lambda meta: meta["digests"]["0"].__setitem__("segments", segments))
+    with pytest.raises(luks.LuksError, match="digest 0"):
+        parse_file(path)
