@@ -307,10 +307,8 @@ def _summarise(copy):
     )
     crypt = [s for s in segments if s["type"] == "crypt"]
     first = crypt[0] if crypt else (segments[0] if segments else {})
-    digests_for_segment = [
-        d for d in meta["digests"].values() if isinstance(d, dict) and "0" in (d.get("segments") or [])
-    ]
-    slot_ids = {str(k) for d in digests_for_segment for k in d.get("keyslots") or []}
+    # _volume_keys checked every digest: an object whose keyslots and segments are lists of ids
+    slot_ids = {k for d in meta["digests"].values() if "0" in d["segments"] for k in d["keyslots"]}
     key_slots = [s for s in keyslots if s["type"] != "reencrypt"]  # a reencrypt keyslot holds no key
     sized = [s["key_size"] for s in key_slots if str(s["id"]) in slot_ids] or [
         s["key_size"] for s in key_slots
