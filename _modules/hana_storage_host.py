@@ -9,6 +9,7 @@ the package ``hana_storage_core``; the stable interface is ``hana_storage``'s, w
 """
 
 import contextlib
+import datetime
 import fcntl
 import json
 import logging
@@ -1064,6 +1065,7 @@ def facts(plan, reuse_lvm=False):
         "crypto_drivers": _crypto_drivers(devices),
         "disks": {n: sorted(_kernel_name(d) for d in v["devices"]) for n, v in plan["volumes"].items()},
         "in_place": _in_place_progress(plan),
+        "today": datetime.date.today().isoformat(),  # the volume keys' cryptoperiod (HANA-KEY-010)
     }
 
 
@@ -1373,7 +1375,9 @@ def in_place_facts(device, crypt_name, mountpoint, shift=None):
     of an XFS on ``device``: ``fs_bytes``, ``fs_sector``, the LV's ``lv_tags`` and, once a tag
     records its size before the extension, ``tail``: what its last ``shift`` bytes hold
     (inplace.tail_state). ``running`` is true while the unit runs, or any
-    ``cryptsetup reencrypt`` (one started by hand too).
+    ``cryptsetup reencrypt`` (one started by hand too). ``key_day``: the day this route made
+    the volume key (inplace.KEY_DAY_TAG) of a LUKS2 header with no re-encryption under way and
+    no date token of ours yet, else None.
 
     CLI Example:
 
@@ -1387,9 +1391,11 @@ def in_place_facts(device, crypt_name, mountpoint, shift=None):
     names = sorted(mapped)
     unit = core.inplace.unit_name(crypt_name)
     leftovers = core.inplace.leftovers(crypt_name, names)
+    header = luks_header(device) if signature == "crypto_LUKS" else {}
     facts = {
         "signature": signature,
-        "reencryption": luks_header(device)["reencryption"] if signature == "crypto_LUKS" else None,
+        "reencryption": header.get("reencryption"),
+        "key_day": None,
         "mapped": crypt_name in names,
         "leftovers": leftovers,
         "suspended": [n for n in [crypt_name, *leftovers] if mapped.get(n)],
@@ -1412,11 +1418,18 @@ def in_place_facts(device, crypt_name, mountpoint, shift=None):
         ours = {"device": _dev_number(device), "crypt": _dev_number(crypt) if facts["mapped"] else None}
         facts["mounted_from"] = next((k for k, v in ours.items() if v == live), "other")
         facts["users"] = _processes_using(live)
-    if signature == "xfs":
+    no_date = (
+        header.get("version") == 2
+        and not facts["reencryption"]
+        and not any(t["type"] == core.reencrypt.KEY_DATE_TOKEN for t in header.get("tokens", []))
+    )
+    if signature == "xfs" or no_date:
         tags, error = _run(["lvs", "--noheadings", "-o", "lv_tags", device])
         if error:
             raise CommandExecutionError(f"the tags of {device} cannot be read: {error}")
         facts["lv_tags"] = [t for t in tags.strip().split(",") if t]
+        facts["key_day"] = core.inplace.tagged_key_day(facts["lv_tags"]) if no_date else None
+    if signature == "xfs":
         if shift and any(t.startswith(core.inplace.PLAIN_TAG) for t in facts["lv_tags"]):
             facts["tail"] = _tail_state(device, shift, facts["device_bytes"])
         superblock = xfs_superblock(device)
@@ -1426,6 +1439,57 @@ def in_place_facts(device, crypt_name, mountpoint, shift=None):
             if facts["mounted_from"] == "device"
             else superblock["data_bytes"]
         )
+    return facts
+
+
+def reencrypt_facts(device, crypt_name, key_file, fs_device):
+    """
+    Where the re-encryption online of the LUKS2 ``device`` (open as ``crypt_name``) stands,
+    read-only (``hana_storage_core.reencrypt.stage`` takes these):
+
+    ``header`` (the parsed header, or None when the device has no LUKS header), ``mapped``,
+    ``leftovers``, ``suspended``, ``unit``, ``running`` and ``progress`` (as in_place_facts),
+    ``fs_sector`` (the sector size of the XFS on ``fs_device``: the crypt device above LVM, the
+    volume's LV below it; None when not read), ``keyslot`` (the lowest keyslot the key in
+    ``key_file`` opens, None for none) and ``clevis`` (a Clevis token on the header).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' hana_storage_host.reencrypt_facts /dev/vg_hana_data/lv_hana_data hana_data \
+            /etc/hana-storage/keys/hana.key /dev/mapper/hana_data
+    """
+    mapped = {info["dm"]["name"]: info["dm"]["suspended"] for info in _sysfs().values() if info["dm"]}
+    leftovers = core.inplace.leftovers(crypt_name, sorted(mapped))
+    unit = core.inplace.unit_name(crypt_name)
+    try:
+        header = luks_header(device)
+    except CommandExecutionError:
+        header = None
+    facts = {
+        "header": header if header and header.get("version") else None,
+        "mapped": crypt_name in mapped,
+        "leftovers": leftovers,
+        "suspended": [n for n in [crypt_name, *leftovers] if mapped.get(n)],
+        "unit": unit,
+        "running": _unit_active(unit) or _reencrypt_running({crypt_name, device, os.path.realpath(device)}),
+        "progress": None,
+        "fs_sector": None,
+        "keyslot": None,
+        "clevis": bool(header) and any(t["type"] == "clevis" for t in header.get("tokens", [])),
+    }
+    if facts["header"] is None:
+        return facts
+    if facts["running"] or facts["header"].get("reencryption"):
+        facts["progress"] = core.inplace.last_progress(_unit_output(unit))
+    if not facts["suspended"]:  # a read through a suspended device would hang
+        with contextlib.suppress(CommandExecutionError):
+            facts["fs_sector"] = xfs_superblock(fs_device)["sectsize"]
+    if not facts["header"].get("reencryption"):
+        opened = key_slots(device, key_file)
+        facts["keyslot"] = min(opened["keyslots"]) if opened["keyslots"] else None
+        facts["keyslot_error"] = opened["error"]
     return facts
 
 

@@ -15,6 +15,7 @@ which runs these states, is never called back.
 import base64
 import binascii
 import contextlib
+import datetime
 import hmac
 import os
 import shutil
@@ -84,14 +85,19 @@ def _afresh(function, *args):
     return __salt__[f"hana_storage_host.{function}"](*args)
 
 
-def _run(argv):
-    """Run a command; (ok, stderr). Command lines here never hold key material. A program that
-    cannot be started (not installed) is a failed command, not an exception. Whatever it changed,
-    the LVM reports this run kept are read again."""
+def _run(argv, stdin=None):
+    """Run a command; (ok, stderr). Command lines here never hold key material; ``stdin`` (a
+    LUKS2 token's JSON) never holds it either. A program that cannot be started (not installed)
+    is a failed command, not an exception. Whatever it changed, the LVM reports this run kept
+    are read again."""
     _forget_reads()
     try:
         result = __salt__["cmd.run_all"](
-            argv, python_shell=False, output_loglevel="quiet", ignore_retcode=True
+            argv,
+            python_shell=False,
+            output_loglevel="quiet",
+            ignore_retcode=True,
+            **({"stdin": stdin} if stdin is not None else {}),
         )
     except CommandExecutionError as error:
         return False, _brief(f"cannot run {argv[0]}: {error}")
@@ -535,9 +541,19 @@ def luks_formatted(
     if not ok:
         return _done(ret, f"cryptsetup luksFormat {name} failed: {err}", result=False)
     os.unlink(marker)
+    dated, err = _record_key_date(name)
+    said = "" if dated else f" (its volume key's date was not recorded: {err})"
     return _done(
-        ret, f"formatted {name}: {what}", formatted={"device": name, "luks_uuid": uuid, "format": what}
+        ret, f"formatted {name}: {what}{said}", formatted={"device": name, "luks_uuid": uuid, "format": what}
     )
+
+
+def _record_key_date(device, day=None, replaces=()):
+    """``day`` (today by default) as the date of ``device``'s volume key that is none of
+    ``replaces`` (fingerprints), in a date token (reencrypt.KEY_DATE_TOKEN): what the audit
+    measures the cryptoperiod from. (ok, error)."""
+    token = core.reencrypt.key_date_token(day or datetime.date.today(), replaces)
+    return _run(["cryptsetup", "token", "import", device], stdin=token)
 
 
 def encrypted_in_place(
@@ -577,6 +593,8 @@ def encrypted_in_place(
     except (core.inplace.InPlaceError, CommandExecutionError) as error:
         return _done(ret, f"cannot tell where the encryption of {device} stands: {error}", result=False)
     stage, why = core.inplace.stage(facts)
+    if stage == "done" and facts.get("key_day"):
+        return _date_in_place_key(ret, device, why, facts["key_day"])
     if stage in ("done", "blank"):
         return _done(ret, f"{device} {why}")
     if stage == "foreign":
@@ -686,6 +704,117 @@ def encrypted_in_place(
     return _done(ret, f"{name} {why}: {plan} ({round(time.monotonic() - began, 1)} s)")
 
 
+def _date_in_place_key(ret, device, why, day):
+    """The encryption in place of ``device`` ended: the day it made the volume key (its LV's tag)
+    goes into the header's date token, which cryptsetup refused while it ran. A tag after today
+    (anyone may tag an LV) is taken as today: a key is never recorded younger than it is."""
+    day = min(day, datetime.date.today().isoformat())  # ISO dates sort as strings
+    if __opts__["test"]:
+        return _would(
+            ret, f"{device} {why}: would record {day}, the day its volume key was made, in its header"
+        )
+    ok, err = _record_key_date(device, datetime.date.fromisoformat(day))
+    if not ok:
+        return _done(ret, f"{device} {why}, but its volume key's date was not recorded: {err}", result=False)
+    ret["changes"]["key_date"] = {"device": device, "created": day}
+    return _done(ret, f"{device} {why}: recorded {day}, the day its volume key was made, in its header")
+
+
+def reencrypted_online(name, device, key_file, luks, fs_device, max_age_days=None, max_mib_s=None):
+    """
+    The LUKS2 ``device``, open as ``name``, is re-encrypted online when the policy asks for it
+    (``hana_storage_core.reencrypt`` has the route): to the policy's sector size (512 -> 4096)
+    and to a new volume key once the one it has is older than ``max_age_days`` or of unknown age.
+    The header records today as the new volume key's date (a token that names the key in use as
+    the one it replaces, imported first: cryptsetup refuses it from the init to the end),
+    ``cryptsetup reencrypt --init-only`` (checksum resilience, the key's keyslot) prepares it,
+    and the unit
+    ``hana-storage-encrypt-<name>`` re-encrypts it while HANA runs. Nothing is unmounted. Later
+    runs say how far it is and start the unit after a stop or a reboot.
+
+    luks
+        The LUKS policy (sector_size, pbkdf).
+    fs_device
+        Where the volume's XFS is (the crypt device above LVM, the LV below it): a sector size
+        larger than the XFS's would leave it unmountable.
+    max_age_days
+        The volume keys' cryptoperiod (hana:storage:luks:volume_key_max_age_days).
+    max_mib_s
+        At most this many MiB/s read and written by the unit (hana:storage:in_place).
+    """
+    ret = _ret(name)
+    try:
+        facts = __salt__["hana_storage_host.reencrypt_facts"](device, name, key_file, fs_device)
+    except CommandExecutionError as error:
+        return _done(ret, f"cannot tell where the re-encryption of {device} stands: {error}", result=False)
+    stage, why, sector = core.reencrypt.stage(facts, luks["sector_size"], max_age_days, datetime.date.today())
+    if stage in ("absent", "current"):
+        return _done(ret, f"{device} {why}")
+    if stage in ("refused", "foreign"):
+        return _done(ret, f"not re-encrypting {device}: it {why}. Nothing was changed.", result=False)
+    if stage == "running":
+        return _done(ret, core.inplace.describe(name, facts["progress"]))
+    if stage in ("frozen", "crashed"):
+        return _done(
+            ret,
+            f"{name} {why}. Reboot the host: the boot's open recovers the interrupted hotzone, and the "
+            "next apply goes on. Do not resume those devices by hand (dmsetup resume): reads through the "
+            "stack then return wrong data. Nothing was changed.",
+            result=False,
+        )
+    unit = facts["unit"]
+    steps = []
+    if stage == "wanted":  # the date first: cryptsetup refuses a token from the init to the end
+        pbkdf = core.commands.pbkdf_args(luks.get("pbkdf", {}))
+        steps.append(("date", "record today as the date of its new volume key", None))
+        steps += [
+            ("undate", f"remove the date token {tid}, made useless by it", _token_remove(device, tid))
+            for tid in core.reencrypt.tokens_to_replace(facts["header"])
+        ]
+        steps.append(
+            (
+                "init",
+                f"prepare {device} for a new volume key and {sector}-byte sectors",
+                core.reencrypt.reencrypt_init(device, key_file, facts["keyslot"], sector, pbkdf),
+            )
+        )
+    if stage == "closed":
+        steps.append(
+            (
+                "open",
+                f"open {device} as {name} (libcryptsetup recovers the interrupted hotzone)",
+                core.commands.luks_open(name, device, key_file, [], persistent=False),
+            )
+        )
+    steps.append(
+        (
+            "start",
+            f"start {unit}",
+            core.inplace.reencrypt_unit(name, key_file, device, max_mib_s, what="re-encrypt {} online"),
+        )
+    )
+    plan = "; ".join(what for _, what, _ in steps)
+    if __opts__["test"]:
+        return _would(ret, f"{name} {why}: would {plan}")
+    for step, what, argv in steps:
+        if step == "start":  # systemd keeps a failed transient unit's name taken until reset
+            _run(["systemctl", "reset-failed", unit])
+        if step == "date":
+            ok, err = _record_key_date(device, replaces=facts["header"].get("volume_keys", []))
+        elif step == "init":
+            ok, err = _run_scratch(argv, workdir=True)
+        else:
+            ok, err = _run(argv)
+        if not ok:
+            return _done(ret, f"{name}: {what} failed: {err}. Apply again to go on from here.", result=False)
+    ret["changes"]["reencrypting"] = {"device": device, "unit": unit, "from": stage, "sector_size": sector}
+    return _done(ret, f"{name} {why}: {plan}")
+
+
+def _token_remove(device, token_id):
+    return ["cryptsetup", "token", "remove", "--token-id", str(token_id), device]
+
+
 def _mount_back(device, mountpoint, options):
     """After an init that failed with the filesystem unmounted: the LV mounted again, while it
     still reads as the XFS it was. Returns what was done, for the comment."""
@@ -739,7 +868,11 @@ def _header_room(device, room, stripes, stripe_kib, found, facts):
                 "status=none",
             ],
         ),
-        ("tag", f"record {device}'s size ({plain} bytes) in its LVM tags", ["lvchange", "--addtag", tag, lv]),
+        (
+            "tag",
+            f"record {device}'s size ({plain} bytes) and today, the volume key's day, in its LVM tags",
+            ["lvchange", "--addtag", tag, "--addtag", core.inplace.key_day_tag(datetime.date.today()), lv],
+        ),
     ]
     return steps
 

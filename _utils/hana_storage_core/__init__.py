@@ -39,6 +39,7 @@ from . import (  # noqa: F401 - the package's modules, as core.<module> for its 
     lvm,
     pillar,
     readiness,
+    reencrypt,
     report,
     rules,
     safety,

@@ -38,6 +38,7 @@ Stages of a volume (``stage``), decided on facts from the host:
 - ``foreign``: anything else on the LV: refused.
 """
 
+import datetime
 import json
 import math
 
@@ -86,6 +87,29 @@ PLAIN_TAG = "hana_storage_plain_bytes_"
 
 def plain_tag(plain_bytes):
     return f"{PLAIN_TAG}{plain_bytes}"
+
+
+# the day the route made the volume key: cryptsetup refuses a token on the header from the init
+# to the end, so the date token (reencrypt.KEY_DATE_TOKEN) is written once the encryption ends,
+# with this day (written with PLAIN_TAG, before the init: a later init only makes it older)
+KEY_DAY_TAG = "hana_storage_key_made_"
+
+
+def key_day_tag(day):
+    return f"{KEY_DAY_TAG}{day.isoformat()}"
+
+
+def tagged_key_day(tags):
+    """The day (ISO) a KEY_DAY_TAG among an LV's ``tags`` records (the oldest, if several), or None."""
+    days = []
+    for tag in tags:
+        text = tag[len(KEY_DAY_TAG) :] if tag.startswith(KEY_DAY_TAG) else ""
+        if len(text) == 10 and text.isascii():
+            try:
+                days.append(datetime.date.fromisoformat(text))
+            except ValueError:
+                continue
+    return min(days).isoformat() if days else None
 
 
 def room_plan(device_bytes, fs_bytes, tags, room):
@@ -275,7 +299,7 @@ def reencrypt_init(device, crypt_name, key_file, luks, room, sector):
     ]
 
 
-def reencrypt_unit(crypt_name, key_file, device, max_mib_s=None):
+def reencrypt_unit(crypt_name, key_file, device, max_mib_s=None, what="encrypt {} in place"):
     """``systemd-run`` of the online re-encryption: a unit that survives the Salt job and the
     minion, stopped with SIGINT only (cryptsetup then finishes its hotzone and records where it
     is; SIGKILL would leave the stack frozen, see above), never killed on a timeout. With
@@ -291,7 +315,7 @@ def reencrypt_unit(crypt_name, key_file, device, max_mib_s=None):
     return [
         "systemd-run",
         f"--unit={unit_name(crypt_name)}",
-        f"--description=hana-storage: encrypt {crypt_name} in place",
+        f"--description=hana-storage: {what.format(crypt_name)}",
         "--property=KillSignal=SIGINT",
         "--property=SendSIGKILL=no",
         "--property=TimeoutStopSec=infinity",

@@ -18,7 +18,7 @@ import json
 import re
 import struct
 
-from . import tpm
+from . import reencrypt, tpm
 
 MAGIC_PRIMARY = b"LUKS\xba\xbe"
 MAGIC_SECONDARY = b"SKUL\xba\xbe"
@@ -295,6 +295,8 @@ def _summarise(copy):
             token["clevis"] = clevis_binding(tok)
         elif token["type"] == tpm.PCR_TOKEN:
             token["pcrs"] = tpm.pcr_record(tok)
+        elif token["type"] == reencrypt.KEY_DATE_TOKEN:
+            token["key_date"] = reencrypt.token_date(tok)
         tokens.append(token)
     config = meta["config"]
     flags = config.get("flags", [])
@@ -338,6 +340,8 @@ def _summarise(copy):
         "requirements": requirements,
         "tokens": tokens,
         "reencryption": _reencryption(keyslots, requirements, meta["segments"]),
+        # which volume keys encrypt the data (two during a re-encryption), by fingerprint only
+        "volume_keys": _keys_in_use(meta["digests"]),
     }
 
 
@@ -517,6 +521,22 @@ def _volume_keys(digests):
         if segments:
             volume_key_of.update(dict.fromkeys(slots, str(did)))
     return volume_key_of
+
+
+def key_fingerprint(digest):
+    """A volume key's name that says nothing of it: 16 hex digits of a SHA-256 over its LUKS2
+    digest's salt and value (themselves in the header for anyone to read). Another key has
+    another digest; a keyslot added or removed leaves it as it is."""
+    where = "digest"
+    salt, value = _field(digest, "salt", str, where), _field(digest, "digest", str, where)
+    return hashlib.sha256(f"{salt}:{value}".encode()).hexdigest()[:16]
+
+
+def _keys_in_use(digests):
+    """The fingerprints of the volume keys whose digests name a segment, sorted."""
+    return sorted(
+        key_fingerprint(digest) for _, digest in _numbered(digests, "digest") if digest.get("segments")
+    )
 
 
 def _keyslot(kid, slot):

@@ -288,6 +288,30 @@ def _in_place_errors(config, name, volume):
     return []
 
 
+def _reencrypt_errors(config, name, volume):
+    """reencrypt_online re-encrypts with the key's keyslot alone (reencrypt.reencrypt_init):
+    every other keyslot is dropped when it ends, so neither a Clevis binding nor a rotation's
+    previous key may be there; and it is for volumes the formula encrypted, not one it is
+    encrypting in place."""
+    if not volume.get("reencrypt_online"):
+        return []
+    where = keypath("volumes", name, "reencrypt_online")
+    key = volume.get("key", config.get("key", {}))
+    if volume.get("encrypt_in_place"):
+        return [f"{where}: the volume is encrypted in place (encrypt_in_place): re-encrypt it once that ends"]
+    if isinstance(key.get("previous"), dict):
+        return [
+            f"{where}: the key is being rotated (key:previous): the re-encryption keeps only the key's own "
+            "keyslot; rotate before or after it"
+        ]
+    if key.get("source") in CLEVIS_SOURCES:
+        return [
+            f"{where}: the key source {key.get('source')} binds through Clevis, and a re-encryption keeps "
+            "only the recovery key's keyslot: the formula does not yet bind again afterwards"
+        ]
+    return []
+
+
 def _key_paths(key, where):
     """[(a key file's path or None, its key path)]: the key's and its previous key's; a Clevis
     key's (Tang, TPM2) files are its recovery key's."""
@@ -452,6 +476,7 @@ def semantic_errors(config, fixable=None):
             )
 
         errors += _in_place_errors(config, name, volume)
+        errors += _reencrypt_errors(config, name, volume)
 
         stripe, origin = _setting(config, name, "stripe_size")
         kib = parse_kib(stripe)
@@ -834,6 +859,7 @@ def normalize(config, systemd_version=None, ram_kib=None, crypttab=None, host_fi
             volume.setdefault(field, default)
         volume.setdefault("allow_format", [])
         volume["encrypt_in_place"] = bool(volume.get("encrypt_in_place"))
+        volume["reencrypt_online"] = bool(volume.get("reencrypt_online"))
         volume["stripe_size_kib"] = parse_kib(volume.pop("stripe_size"))
         volume["stripes"] = volume.get("stripes", len(volume["devices"]))
         volume["key"] = _volume_key(name, raw, config)

@@ -6,9 +6,10 @@ superblocks by device name, LVM segments, crypttab, fstab and key file stats. A 
 not be gathered is ``{"error": "..."}`` and the rule that needs it says so.
 """
 
+import datetime
 from typing import NamedTuple
 
-from . import controls, inplace, kdf, stack, tab, xfs
+from . import controls, inplace, kdf, reencrypt, stack, tab, xfs
 
 
 class Fix(NamedTuple):
@@ -333,6 +334,13 @@ RULES = {
         "the pillar keeps tpm2_reseal: every apply seals the TPM2 volumes to whatever booted",
         rationale="A changed boot chain would be sealed to by the next apply instead of being looked at.",
         controls=(*KEYS, "PCI-3.7.7"),
+    ),
+    "HANA-KEY-010": Rule(
+        "medium",
+        "the volume key is older than the cryptoperiod, or its date is not recorded",
+        rationale="A volume key is never changed by rotating the keys that open it: past its cryptoperiod "
+        "only a re-encryption replaces it.",
+        controls=(*KEYS, "PCI-3.7.4"),
     ),
 }
 
@@ -849,6 +857,7 @@ class VolumeAudit:
             self._kdf_rules(path, header, backing)
             self._keyslot_rules(path, header, backing)
             self._header_backup_rules(path, device["dm_name"], header)
+            self._volume_key_age_rule(path, header, note)
         if segment["sector_size"] != luks["sector_size"]:
             self.add(
                 "HANA-PERF-001",
@@ -860,6 +869,29 @@ class VolumeAudit:
             )
         self._flag_rules(path, segment, header)
         self._driver_rules(path, segment)
+
+    def _volume_key_age_rule(self, path, header, note):
+        """HANA-KEY-010: the volume key's date (reencrypt.KEY_DATE_TOKEN) against the policy's
+        cryptoperiod, on the host's date (``facts["today"]``, ISO)."""
+        max_age = self.luks.get("volume_key_max_age_days")
+        today = self.facts.get("today")
+        if not max_age or not isinstance(today, str) or header.get("version") != 2:
+            return
+        try:
+            age = reencrypt.key_age_days(header, datetime.date.fromisoformat(today))
+        except ValueError:
+            return  # the host's date unread: no age to judge
+        if age is not None and age <= max_age:
+            return
+        said = "of unknown age (no date recorded)" if age is None else f"{age} days old"
+        self.add(
+            "HANA-KEY-010",
+            path,
+            f"a volume key at most {max_age} days old",
+            "unknown" if age is None else age,
+            f"{path}: its volume key is {said}, the cryptoperiod {max_age} days: re-encrypt it "
+            f"(a new volume key){note}",
+        )
 
     def _driver_rules(self, path, segment):
         if segment["cipher"] != self.luks["cipher"]:

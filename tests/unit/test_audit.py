@@ -689,6 +689,7 @@ def test_every_rule_has_a_test():
     tested |= {"HANA-KEY-003", "HANA-KEY-004", "HANA-KEY-006", "HANA-KEY-007", "HANA-KEY-008"}
     tested |= {"HANA-LAYOUT-007", "HANA-ENC-008"}  # ENC-008: test_fips.py
     tested |= {"HANA-KEY-009"}  # test_tpm2.py
+    tested |= {"HANA-KEY-010"}  # the cryptoperiod, below
     assert tested == set(rules.RULES)
 
 
@@ -1008,3 +1009,41 @@ def test_during_an_encryption_in_place_the_volume_is_enc_001_with_its_progress_a
     stopped = [f for f in rules.audit(plan, facts)["findings"] if f["volume"] == "data"]
     assert [f["rule"] for f in stopped] == ["HANA-ENC-001", "HANA-LAYOUT-004"]
     assert "not running (stopped at 25 %): the next apply goes on" in stopped[0]["message"]
+
+
+def test_a_volume_key_past_its_cryptoperiod_or_of_unknown_age_is_key_010(make_luks, tmp_path):
+    """On a real header: the formula's date token imported by cryptsetup, read by the parser,
+    judged on the host's date. No cryptoperiod in the pillar: nothing is said."""
+    import datetime
+    import subprocess
+
+    from hana_storage_core import reencrypt
+
+    image = make_luks(kdf="pbkdf2")
+    facts = compliant()
+    facts["today"] = "2026-11-28"
+    aged = dict(PILLAR, luks={"volume_key_max_age_days": 365})
+
+    def key_010(pillar=aged):
+        summary = luks.parse_header(luks.reader_for(image.read_bytes()))
+        facts["headers"]["dm-0"] = dict(facts["headers"]["dm-0"], tokens=summary["tokens"])
+        report = rules.audit(plan_of(pillar), facts)
+        return [
+            (f["device"], f["actual"])
+            for f in report["findings"]
+            if f["rule"] == "HANA-KEY-010" and f["device"] == "/dev/mapper/hana_data"
+        ]
+
+    assert key_010() == [("/dev/mapper/hana_data", "unknown")]
+    assert key_010(PILLAR) == []
+    subprocess.run(
+        ["cryptsetup", "token", "import", str(image)],
+        input=reencrypt.key_date_token(datetime.date(2025, 11, 28)),
+        text=True,
+        check=True,
+    )
+    assert key_010() == []  # 365 days: not older than the cryptoperiod
+    facts["today"] = "2026-11-29"
+    assert key_010() == [("/dev/mapper/hana_data", 366)]
+    facts["today"] = "not a date"
+    assert key_010() == []

@@ -2,12 +2,15 @@
 state's steps through Salt's loader dunders with the host's facts given. The real thing (a
 kernel, cryptsetup, systemd, kills and a power cut) is tests/vm/test_in_place.py."""
 
+import datetime
 import importlib.util
+import json
 import os
+import subprocess
 from unittest.mock import MagicMock
 
 import pytest
-from hana_storage_core import events, inplace
+from hana_storage_core import events, inplace, reencrypt
 from prometheus_client import CollectorRegistry, generate_latest
 
 from tests.conftest import REPO
@@ -254,6 +257,7 @@ HOST_FACTS = {
     "fs_bytes": 480 * MIB,
     "fs_sector": 4096,
     "lv_tags": [],
+    "key_day": None,
 }
 SEGMENTS = [
     {"vg": "vg_hana_data", "lv": "lv_hana_data", "stripes": 2, "stripe_size": 65536, "size": 512 * MIB}
@@ -337,9 +341,61 @@ def test_the_apply_runs_the_steps_in_order_and_says_the_downtime(host):
         ["systemd-run", "--unit=hana-storage-encrypt-hana_data.service"],
     ]
     assert ret["changes"]["encrypting"]["from"] == "plain" and "downtime_s" in ret["changes"]
+    # the day the key is made goes with the size into the LV's tags (the header takes no token
+    # until the encryption ends)
+    tag = next(argv for argv in commands(host) if argv[0] == "lvchange")
+    assert inplace.key_day_tag(datetime.date.today()) in tag and inplace.tagged_key_day(tag) == (
+        datetime.date.today().isoformat()
+    )
     # the new header is written in a private directory on a ramfs, never in the job's cwd
     init = next(c for c in host["cmd.run_all"].call_args_list if c.args[0][:2] == ["cryptsetup", "reencrypt"])
     assert init.kwargs["cwd"].startswith(states.SCRATCH)
+
+
+def done_facts(key_day):
+    return dict(HOST_FACTS, signature="crypto_LUKS", mapped=True, mounted_from="crypt", key_day=key_day)
+
+
+def test_once_the_encryption_ended_the_tagged_day_dates_the_key(host):
+    host["hana_storage_host.in_place_facts"].return_value = done_facts("2026-11-20")
+    ret = apply()
+    assert ret["result"] is True and "recorded 2026-11-20" in ret["comment"], ret
+    (imported,) = host["cmd.run_all"].call_args_list
+    assert imported.args[0] == ["cryptsetup", "token", "import", LV]
+    token = json.loads(imported.kwargs["stdin"])
+    assert (token["created"], token["replaces"]) == ("2026-11-20", [])
+    assert ret["changes"] == {"key_date": {"device": LV, "created": "2026-11-20"}}
+
+
+def test_test_mode_says_the_date_it_would_record_and_runs_nothing(host, opts):
+    opts["test"] = True
+    host["hana_storage_host.in_place_facts"].return_value = done_facts("2026-11-20")
+    ret = apply()
+    assert ret["result"] is None and "would record 2026-11-20" in ret["comment"]
+    host["cmd.run_all"].assert_not_called()
+
+
+def test_a_dated_or_untagged_encrypted_volume_is_left_alone(host):
+    """key_day None: the header has a date token, or the LV has no day tag (a volume encrypted in
+    place before the tag, or by luksFormat): its age stays what the header says, or unknown."""
+    host["hana_storage_host.in_place_facts"].return_value = done_facts(None)
+    ret = apply()
+    assert ret["result"] is True and ret["changes"] == {}
+    host["cmd.run_all"].assert_not_called()
+
+
+@pytest.mark.parametrize(
+    "tags,day",
+    [
+        (["hana_storage_key_made_2026-11-20"], "2026-11-20"),
+        (["hana_storage_key_made_2026-11-20", "hana_storage_key_made_2026-10-01"], "2026-10-01"),
+        (["hana_storage_key_made_2026-13-01", "hana_storage_key_made_"], None),
+        (["hana_storage_plain_bytes_1048576"], None),
+        (["hana_storage_key_made_2026-11-20x"], None),
+    ],
+)
+def test_the_tagged_day_is_the_oldest_valid_one(tags, day):
+    assert inplace.tagged_key_day(tags) == day
 
 
 def test_a_process_with_a_file_open_stops_it_before_anything_runs(host):
@@ -449,3 +505,60 @@ def test_the_audit_event_carries_the_progress_and_the_exporter_a_gauge_while_it_
         bad["volumes"]["data"]["in_place"]["percent"] = forged
         module.handle(metrics, "salt/beacon/db1/hana_storage/audit", bad)
         assert "hana_storage_in_place_progress_ratio{" not in generate_latest(registry).decode(), forged
+
+
+# ---- the host's facts: the key's day, from the LV's tag, only while the header has no date ----
+
+
+@pytest.fixture
+def host_module(monkeypatch):
+    spec = importlib.util.spec_from_file_location(
+        "host_module_inplace", REPO / "_modules" / "hana_storage_host.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "_sysfs", dict)
+    monkeypatch.setattr(module, "block_bytes", lambda path: os.path.getsize(path))
+    monkeypatch.setattr(module, "mounted_at", lambda mountpoint: None)
+    monkeypatch.setattr(module, "_unit_active", lambda unit: False)
+    module.__salt__ = {"cmd.run_all": _real_run_all}
+    return module
+
+
+def _real_run_all(argv, **_):
+    done = subprocess.run(argv, capture_output=True, text=True)
+    return {"retcode": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
+
+
+def facts_with_tags(module, monkeypatch, image, tags):
+    real_run = module._run
+    monkeypatch.setattr(
+        module,
+        "_run",
+        lambda argv: ("  " + ",".join(tags) + "\n", None) if argv[0] == "lvs" else real_run(argv),
+    )
+    return module.in_place_facts(str(image), "hana_data", "/hana/data")
+
+
+TAGS = [inplace.plain_tag(8 * MIB), inplace.key_day_tag(datetime.date(2026, 11, 20))]
+
+
+def test_an_encrypted_lv_with_the_day_tag_and_no_date_token_has_its_key_day(
+    host_module, monkeypatch, make_luks
+):
+    facts = facts_with_tags(host_module, monkeypatch, make_luks(kdf="pbkdf2"), TAGS)
+    assert facts["signature"] == "crypto_LUKS" and facts["key_day"] == "2026-11-20"
+    assert inplace.stage(facts)[0] == "done"
+
+
+def test_once_dated_or_without_the_day_tag_there_is_no_key_day(host_module, monkeypatch, make_luks):
+    undated = make_luks(kdf="pbkdf2")
+    assert facts_with_tags(host_module, monkeypatch, undated, TAGS[:1])["key_day"] is None
+    dated = make_luks(kdf="pbkdf2")
+    subprocess.run(
+        ["cryptsetup", "token", "import", str(dated)],
+        input=reencrypt.key_date_token(datetime.date(2026, 11, 20)),
+        text=True,
+        check=True,
+    )
+    assert facts_with_tags(host_module, monkeypatch, dated, TAGS)["key_day"] is None

@@ -119,6 +119,8 @@ def argvs_run(salt_functions):
         kwargs = dict(call.kwargs)
         if call.args[0][0] == "clevis":
             assert kwargs.pop("env")["TMPDIR"].startswith(states.SCRATCH + "/clevis-"), call
+        if call.args[0][:3] == ["cryptsetup", "token", "import"]:  # the volume key's date
+            assert "hana-storage-volume-key" in kwargs.pop("stdin"), call
         assert kwargs == RUN, call
     return [call.args[0] for call in calls]
 
@@ -645,6 +647,9 @@ LUKS = {"type": "luks2", "cipher": "aes-xts-plain64", "key_size": 512, "sector_s
 LUKS_WHAT = "LUKS2 aes-xts-plain64, 512-bit key, 4096-byte sectors, argon2id, at most 1048576 KiB of memory"
 
 
+KEY_DATE = ["cryptsetup", "token", "import", LV]  # the volume key's date, after a luksFormat
+
+
 def luks_format_argv(key_file, *tail):
     return ["cryptsetup", "luksFormat", "--batch-mode", "--type", "luks2", "--cipher", "aes-xts-plain64",
             "--key-size", "512", "--sector-size", "4096", "--luks2-metadata-size", "128k",
@@ -672,6 +677,8 @@ def test_luks_formatted_marks_its_luksformat_until_it_returned(salt_functions, l
     present = []
 
     def luks_format(argv, **kwargs):
+        if argv[1] != "luksFormat":  # the volume key's date, after it
+            return {"retcode": 0, "stdout": "", "stderr": ""}
         present.append(sorted(p.name for p in marks.iterdir()))
         return {"retcode": 0 if len(present) == 1 else 1, "stdout": "", "stderr": "killed"}
 
@@ -703,7 +710,7 @@ def test_luks_formatted_formats_a_blank_lv_with_the_policy(salt_functions, lv_pr
     key.write_bytes(b"k" * 64)
     ret = states.luks_formatted(LV, str(key), LUKS, "hana_data")
     assert ret["result"] is True
-    assert argvs_run(salt_functions) == [luks_format_argv(str(key))]
+    assert argvs_run(salt_functions) == [luks_format_argv(str(key)), KEY_DATE]
     assert ret["changes"] == {"formatted": {"device": LV, "luks_uuid": ANY_UUID, "format": LUKS_WHAT}}
     salt_functions["hana_storage_host.probe"].assert_called_once_with([LV], key_file=[str(key)])
 
@@ -712,7 +719,10 @@ def test_luks_formatted_starts_the_payload_on_a_full_stripe(salt_functions, lv_p
     """3 x 256 KiB = 768 KiB stripes do not divide cryptsetup's 16 MiB: the payload moves to 16.5 MiB."""
     ret = states.luks_formatted(LV, "/etc/hana/hana.key", LUKS, "hana_data", stripe_kib=256, stripes=3)
     assert ret["result"] is True
-    assert argvs_run(salt_functions) == [luks_format_argv("/etc/hana/hana.key", "--offset", "33792")]
+    assert argvs_run(salt_functions) == [
+        luks_format_argv("/etc/hana/hana.key", "--offset", "33792"),
+        KEY_DATE,
+    ]
 
 
 def test_luks_formatted_in_test_mode_formats_nothing(salt_functions, lv_probe, dry_run):
@@ -772,7 +782,11 @@ def test_luks_formatted_wipes_first_when_every_device_may_be_formatted(salt_func
     lv_probe(**EXT4)
     ret = states.luks_formatted(LV, "/etc/hana/hana.key", LUKS, "hana_data", may_wipe=True)
     assert ret["result"] is True
-    assert argvs_run(salt_functions) == [["wipefs", "--all", LV], luks_format_argv("/etc/hana/hana.key")]
+    assert argvs_run(salt_functions) == [
+        ["wipefs", "--all", LV],
+        luks_format_argv("/etc/hana/hana.key"),
+        KEY_DATE,
+    ]
     assert set(ret["changes"]) == {"wiped", "formatted"} and LV in ret["changes"]["wiped"]
 
 
@@ -791,7 +805,7 @@ def test_luks_formatted_takes_an_lv_this_run_created_as_blank(salt_functions, lv
     }
     monkeypatch.setattr(states, "__running__", running, raising=False)
     ret = states.luks_formatted(LV, "/k", LUKS, "hana_data", created_by="hana-storage-data-lv")
-    assert ret["result"] is True and argvs_run(salt_functions) == [luks_format_argv("/k")]
+    assert ret["result"] is True and argvs_run(salt_functions) == [luks_format_argv("/k"), KEY_DATE]
     # the same LV, not created in this run (or no creator named): its data is someone's
     salt_functions["cmd.run_all"].reset_mock()
     for created_by in ("hana-storage-data-guard", None):

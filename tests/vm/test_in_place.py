@@ -22,11 +22,13 @@ the audit compliant, a second apply changes nothing, and the storage comes back 
 without Salt.
 """
 
+import datetime
+import json
 import time
 
 import pytest
 import yaml
-from hana_storage_core import inplace
+from hana_storage_core import inplace, reencrypt
 
 from tests.vm.conftest import boot, boot_without_salt, close_storage, write_lab_key
 
@@ -283,6 +285,11 @@ def test_once_encrypted_the_apply_finishes_the_volume_and_a_second_changes_nothi
     done = vm.salt("state.apply hana.storage", title="state.apply after the encryption ended")
     assert done.retcode == 0, failures(done)
     assert "no re-encryption under way" in in_place_state(done)["comment"]
+    # the day the encryption made the key, from the LV's tag into the header once it ended
+    assert in_place_state(done)["changes"]["key_date"]["created"] == datetime.date.today().isoformat()
+    meta = json.loads(vm.run(f"cryptsetup luksDump --dump-json-metadata {LV}", check=True, echo=False).output)
+    dated = [t for t in meta["tokens"].values() if t["type"] == reencrypt.KEY_DATE_TOKEN]
+    assert [(t["created"], t["replaces"]) for t in dated] == [(datetime.date.today().isoformat(), [])], dated
     again = vm.salt("state.apply hana.storage", title="state.apply again")
     assert again.retcode == 0, failures(again)
     changed = {s["__id__"]: s["changes"] for s in again.ret.values() if s["changes"]}

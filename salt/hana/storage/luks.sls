@@ -1,7 +1,8 @@
 # -*- coding: utf-8 -*-
 # vim: ft=sls
 # LUKS2 format and open: on the LV (above LVM) or on each disk (below). A volume installed
-# unencrypted, with encrypt_in_place, is encrypted where it is first (in-place); while that runs,
+# unencrypted, with encrypt_in_place, is encrypted where it is first (in-place), and one with
+# reencrypt_online is re-encrypted online once open (reencrypt-N); while either runs,
 # each step that writes a header or a mapping leaves the device alone. Nothing is written to a
 # device the key opens before what it holds is known: it is opened without storing the dm-crypt
 # flags, then looked inside (below LVM: pv_safe here, before pvcreate wipes; above LVM: the mkfs
@@ -121,6 +122,20 @@ hana-storage-{{ name }}-fips-{{ loop.index0 }}:
     - pbkdf: {{ luks.pbkdf | json }}
     - require:
       - hana_storage: hana-storage-{{ name }}-{{ bound }}
+{%-       endif %}
+{%-       if volume.reencrypt_online %}
+
+hana-storage-{{ name }}-reencrypt-{{ loop.index0 }}:
+  hana_storage.reencrypted_online:
+    - name: {{ crypt.name }}
+    - device: {{ crypt.device }}
+    - key_file: {{ volume.key.file }}
+    - luks: {{ luks | json }}
+    - fs_device: {{ ('/dev/mapper/' ~ crypt.name) if above else volume.lv_path }}
+    - max_age_days: {{ luks.get('volume_key_max_age_days') | json }}
+    - max_mib_s: {{ hana_storage.config.get('in_place', {}).get('max_mib_s') | json }}
+    - require:
+      - hana_storage: hana-storage-{{ name }}-{{ converted }}
 {%-       endif %}
 
 hana-storage-{{ name }}-flags-{{ loop.index0 }}:
