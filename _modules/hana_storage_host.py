@@ -1421,7 +1421,7 @@ def in_place_facts(device, crypt_name, mountpoint, shift=None):
     no_date = (
         header.get("version") == 2
         and not facts["reencryption"]
-        and not any(t["type"] == core.reencrypt.KEY_DATE_TOKEN for t in header.get("tokens", []))
+        and core.reencrypt.volume_key_date(header, datetime.date.today()) is None
     )
     if signature == "xfs" or no_date:
         tags, error = _run(["lvs", "--noheadings", "-o", "lv_tags", device])

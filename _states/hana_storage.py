@@ -541,18 +541,25 @@ def luks_formatted(
     if not ok:
         return _done(ret, f"cryptsetup luksFormat {name} failed: {err}", result=False)
     os.unlink(marker)
-    dated, err = _record_key_date(name)
+    dated, err = _record_key_date(name, uuid=uuid)
     said = "" if dated else f" (its volume key's date was not recorded: {err})"
     return _done(
         ret, f"formatted {name}: {what}{said}", formatted={"device": name, "luks_uuid": uuid, "format": what}
     )
 
 
-def _record_key_date(device, day=None, replaces=()):
+def _record_key_date(device, day=None, replaces=(), uuid=None):
     """``day`` (today by default) as the date of ``device``'s volume key that is none of
-    ``replaces`` (fingerprints), in a date token (reencrypt.KEY_DATE_TOKEN): what the audit
-    measures the cryptoperiod from. (ok, error)."""
-    token = core.reencrypt.key_date_token(day or datetime.date.today(), replaces)
+    ``replaces`` (fingerprints), in a date token (reencrypt.KEY_DATE_TOKEN) that names the
+    volume by its LUKS ``uuid`` (read from the header when not given): what the audit measures
+    the cryptoperiod from. (ok, error)."""
+    try:
+        uuid = uuid or __salt__["hana_storage_host.luks_header"](device).get("uuid")
+    except CommandExecutionError as error:
+        return False, f"its LUKS header cannot be read: {error}"
+    if not isinstance(uuid, str):
+        return False, "its LUKS header has no UUID"
+    token = core.reencrypt.key_date_token(day or datetime.date.today(), uuid, replaces)
     return _run(["cryptsetup", "token", "import", device], stdin=token)
 
 
@@ -800,7 +807,9 @@ def reencrypted_online(name, device, key_file, luks, fs_device, max_age_days=Non
         if step == "start":  # systemd keeps a failed transient unit's name taken until reset
             _run(["systemctl", "reset-failed", unit])
         if step == "date":
-            ok, err = _record_key_date(device, replaces=facts["header"].get("volume_keys", []))
+            ok, err = _record_key_date(
+                device, replaces=facts["header"].get("volume_keys", []), uuid=facts["header"].get("uuid")
+            )
         elif step == "init":
             ok, err = _run_scratch(argv, workdir=True)
         else:

@@ -12,8 +12,12 @@ recovers the hotzone from whichever of the old and new ciphertext matches. (``jo
 each hotzone twice; ``datashift`` needs room the device does not have.)
 
 The volume key's date lives in the header, in LUKS2 tokens of the formula's own
-(``KEY_DATE_TOKEN``): {"created": day, "replaces": [fingerprints]} says "a volume key made on
-that day, none of the keys the header held before" (their fingerprints: luks.key_fingerprint).
+(``KEY_DATE_TOKEN``): {"created": day, "volume": LUKS UUID, "replaces": [fingerprints]} says "a
+volume key of this volume made on that day, none of the keys the header held before" (their
+fingerprints: luks.key_fingerprint). A token names its volume so that one copied from another
+header (``cryptsetup token export``/``import``, a header template) dates nothing there; a
+volume whose UUID was changed since has keys of unknown age. No secret binds a token to its
+key: whoever may write the header can forge a date, as they can destroy the keyslots.
 luksFormat writes one that replaces nothing. A re-encryption writes its own before its init,
 replacing the key in use: cryptsetup refuses a token import on a header marked for
 re-encryption, from the init to the end. So a token names the keys it does not date, never
@@ -44,11 +48,18 @@ class ReencryptError(ValueError):
     """A fact about a volume's re-encryption that cannot be what the header or the host says."""
 
 
-def key_date_token(day, replaces=()):
-    """The KEY_DATE_TOKEN (JSON text): a volume key made on ``day`` (a datetime.date), none of
-    the keys with the fingerprints ``replaces`` (those the header holds before it is made)."""
+def key_date_token(day, volume, replaces=()):
+    """The KEY_DATE_TOKEN (JSON text): a volume key of the LUKS volume whose UUID is ``volume``,
+    made on ``day`` (a datetime.date), none of the keys with the fingerprints ``replaces`` (those
+    the header holds before it is made)."""
     return json.dumps(
-        {"type": KEY_DATE_TOKEN, "keyslots": [], "created": day.isoformat(), "replaces": sorted(replaces)},
+        {
+            "type": KEY_DATE_TOKEN,
+            "keyslots": [],
+            "created": day.isoformat(),
+            "volume": volume,
+            "replaces": sorted(replaces),
+        },
         sort_keys=True,
     )
 
@@ -57,9 +68,10 @@ MAX_REPLACED = 32  # a header has at most 32 keyslots, so at most as many keys t
 
 
 def token_date(token):
-    """{"created": ISO date, "replaces": [fingerprints]} that a KEY_DATE_TOKEN (its parsed JSON)
-    records, or {"error"}: a token of ours that does not say a date says nothing about a key's
-    age. No "replaces" (or an empty one) replaces nothing."""
+    """{"created": ISO date, "volume": LUKS UUID, "replaces": [fingerprints]} that a
+    KEY_DATE_TOKEN (its parsed JSON) records, or {"error"}: a token of ours that does not say a
+    date and a volume says nothing about a key's age. No "replaces" (or an empty one) replaces
+    nothing."""
     created = token.get("created")
     if not isinstance(created, str) or len(created) != 10 or not created.isascii():
         return {"error": "a volume key date token without a date (YYYY-MM-DD)"}
@@ -67,6 +79,9 @@ def token_date(token):
         day = datetime.date.fromisoformat(created).isoformat()
     except ValueError:
         return {"error": f"a volume key date token with {created!r}, not a date"}
+    volume = token.get("volume")
+    if not isinstance(volume, str) or not 0 < len(volume) <= 40 or not volume.isascii():
+        return {"error": "a volume key date token without the LUKS UUID of its volume"}
     replaces = token.get("replaces", [])
     if (
         not isinstance(replaces, list)
@@ -74,15 +89,19 @@ def token_date(token):
         or not all(isinstance(r, str) and 0 < len(r) <= 64 and r.isascii() and r.isalnum() for r in replaces)
     ):
         return {"error": "a volume key date token whose 'replaces' is not a list of key fingerprints"}
-    return {"created": day, "replaces": sorted(replaces)}
+    return {"created": day, "volume": volume, "replaces": sorted(replaces)}
 
 
 def _dating_tokens(header):
-    """(token id, date, replaced fingerprints) of each KEY_DATE_TOKEN with a valid date."""
+    """(token id, date, replaced fingerprints) of each KEY_DATE_TOKEN with a valid date that
+    names this header's volume."""
     return [
         (t["id"], datetime.date.fromisoformat(t["key_date"]["created"]), t["key_date"]["replaces"])
         for t in header.get("tokens", [])
-        if t["type"] == KEY_DATE_TOKEN and isinstance(t.get("key_date"), dict) and "created" in t["key_date"]
+        if t["type"] == KEY_DATE_TOKEN
+        and isinstance(t.get("key_date"), dict)
+        and "created" in t["key_date"]
+        and t["key_date"]["volume"] == header.get("uuid")
     ]
 
 

@@ -872,10 +872,11 @@ class VolumeAudit:
 
     def _volume_key_age_rule(self, path, header, note):
         """HANA-KEY-010: the volume key's date (reencrypt.KEY_DATE_TOKEN) against the policy's
-        cryptoperiod, on the host's date (``facts["today"]``, ISO)."""
+        cryptoperiod, on the host's date (``facts["today"]``, ISO). LUKS1 has no tokens: its
+        key's age is unknown, and only a conversion to LUKS2 and a re-encryption date it."""
         max_age = self.luks.get("volume_key_max_age_days")
         today = self.facts.get("today")
-        if not max_age or not isinstance(today, str) or header.get("version") != 2:
+        if not max_age or not isinstance(today, str) or header.get("version") not in (1, 2):
             return
         try:
             age = reencrypt.key_age_days(header, datetime.date.fromisoformat(today))
@@ -884,6 +885,11 @@ class VolumeAudit:
         if age is not None and age <= max_age:
             return
         said = "of unknown age (no date recorded)" if age is None else f"{age} days old"
+        if header.get("version") == 1:
+            said, note = (
+                "of unknown age (LUKS1 records no date)",
+                f"{note} after cryptsetup convert --type luks2",
+            )
         self.add(
             "HANA-KEY-010",
             path,

@@ -4,7 +4,7 @@ tokens, kills between the steps, hand re-encryptions, LV tags, malformed headers
 The safety direction: the audit must never report a volume key YOUNGER than it is (that hides
 an expired cryptoperiod); older or unknown is acceptable. Tests whose docstring starts with
 "HOLE:" demonstrate a hole and fail on the code they were written against; the others show
-what holds."""
+what holds. Every hole found is fixed: those tests are the regression tests now."""
 
 import datetime
 import importlib.util
@@ -47,7 +47,7 @@ def old_volume(make_luks):
     """A volume whose key was made on FORMAT_DAY, dated so by luksFormat's token."""
     path = make_luks(kdf="pbkdf2")
     cryptsetup("--version")
-    import_token(path, reencrypt.key_date_token(FORMAT_DAY))
+    import_token(path, reencrypt.key_date_token(FORMAT_DAY, parse(path)["uuid"]))
     return path
 
 
@@ -67,7 +67,7 @@ def reencrypt_by_hand(path, keyfile, *args):
 
 
 def test_a_future_dated_token_hides_an_expired_cryptoperiod(old_volume):
-    """HOLE: a date token with a day after today (a forged or carelessly imported one, or the
+    """HOLE (fixed: it dates nothing): a date token with a day after today (a forged or carelessly imported one, or the
     formula's own written while the host's clock ran ahead, e.g. an NTP/RTC glitch during a
     re-encryption) makes the key's age 0 (key_age_days clamps "a clock set back"): the audit
     stays silent and reencrypted_online says "current" for years, although the key is from
@@ -85,7 +85,7 @@ def test_a_future_dated_token_hides_an_expired_cryptoperiod(old_volume):
 
 
 def test_the_audit_is_silent_on_a_future_dated_key(old_volume):
-    """HOLE: the same forged/clock-skewed token through the audit: no HANA-KEY-010 under a
+    """HOLE (fixed): the same forged/clock-skewed token through the audit: no HANA-KEY-010 under a
     365-day cryptoperiod for a key made in 2020 (its age reported as 0).
     Fix: as above; _volume_key_age_rule reports a date after facts["today"]."""
     from hana_storage_core import rules
@@ -97,7 +97,10 @@ def test_the_audit_is_silent_on_a_future_dated_key(old_volume):
         facts = compliant()
         facts["today"] = REAL_TODAY.isoformat()
         facts["headers"]["dm-0"] = dict(
-            facts["headers"]["dm-0"], tokens=summary["tokens"], volume_keys=summary["volume_keys"]
+            facts["headers"]["dm-0"],
+            tokens=summary["tokens"],
+            volume_keys=summary["volume_keys"],
+            uuid=summary["uuid"],
         )
         report = rules.audit(plan_of(dict(PILLAR, luks={"volume_key_max_age_days": 365})), facts)
         return [
@@ -105,12 +108,12 @@ def test_the_audit_is_silent_on_a_future_dated_key(old_volume):
         ]
 
     assert key_010() == [(REAL_TODAY - FORMAT_DAY).days]  # the 2020 key, reported
-    import_token(old_volume, reencrypt.key_date_token(datetime.date(2099, 1, 1)))
+    import_token(old_volume, reencrypt.key_date_token(datetime.date(2099, 1, 1), parse(old_volume)["uuid"]))
     assert key_010(), "a 2020 key, silent under a 365-day cryptoperiod"
 
 
 def test_a_token_copied_from_another_volume_dates_this_volumes_old_key(old_volume, make_luks):
-    """HOLE (design): a token names the keys it does NOT date, so any token of ours with an
+    """HOLE (design, fixed: a token names its volume by its LUKS UUID): a token names the keys it does NOT date, so any token of ours with an
     empty (or unrelated) "replaces" dates every key of the header it lands in. An admin who
     copies the date token of a fresh volume onto an old one (cryptsetup token export/import,
     a header "template", a script that imports the same token everywhere) makes a 2020 key
@@ -122,7 +125,7 @@ def test_a_token_copied_from_another_volume_dates_this_volumes_old_key(old_volum
     re-encryption, for the new key). A deliberate forger who computes the fingerprint is not
     stopped (no secret binds the token), which the docstring should then say."""
     fresh = make_luks(kdf="pbkdf2")
-    import_token(fresh, reencrypt.key_date_token(REAL_TODAY))
+    import_token(fresh, reencrypt.key_date_token(REAL_TODAY, parse(fresh)["uuid"]))
     exported = subprocess.run(
         ["cryptsetup", "token", "export", "--token-id", "0", str(fresh)],
         capture_output=True,
@@ -130,11 +133,11 @@ def test_a_token_copied_from_another_volume_dates_this_volumes_old_key(old_volum
         check=True,
     ).stdout
     import_token(old_volume, exported)
-    assert reencrypt.volume_key_date(parse(old_volume)) in (None, FORMAT_DAY)
+    assert reencrypt.volume_key_date(parse(old_volume)) == FORMAT_DAY
 
 
 def test_a_future_lv_tag_is_recorded_by_the_in_place_state(monkeypatch, tmp_path):
-    """HOLE: encrypted_in_place/_date_in_place_key imports whatever day the LV's
+    """HOLE (fixed: min(tag day, today)): encrypted_in_place/_date_in_place_key imports whatever day the LV's
     hana_storage_key_made_ tag says, after today too (a forged tag, a tag written while the
     clock ran ahead: lvchange --addtag needs no key). tagged_key_day keeps the oldest tag, but
     a single future tag (or all tags in the future) is recorded as the key's date, and then
@@ -158,6 +161,7 @@ def test_a_future_lv_tag_is_recorded_by_the_in_place_state(monkeypatch, tmp_path
         "hana_storage_host.lv_room": MagicMock(
             return_value={"segments": [], "pvs": [{"pv": "/dev/vda", "free": 9, "extent_bytes": 4 << 20}]}
         ),
+        "hana_storage_host.luks_header": MagicMock(return_value={"uuid": "u-1"}),
         "cmd.run_all": run_all,
     }
     monkeypatch.setattr(states, "__salt__", salt, raising=False)
@@ -175,7 +179,7 @@ def test_a_future_lv_tag_is_recorded_by_the_in_place_state(monkeypatch, tmp_path
 
 
 def test_a_digest_whose_segments_is_not_a_list_is_a_luks_error(make_luks):
-    """HOLE (parser, predates this branch: luks._summarise's digests_for_segment, reached now
+    """HOLE (fixed on main; parser, predates this branch: luks._summarise's digests_for_segment, reached now
     next to the new _keys_in_use): a digest with "segments": 5 (or true) makes parse_header
     raise TypeError ("argument of type 'int' is not iterable"), not LuksError. luks_header
     catches ValueError only, so the audit's fact collection dies on one forged header and
@@ -192,7 +196,7 @@ def test_a_digest_whose_segments_is_not_a_list_is_a_luks_error(make_luks):
 
 
 def test_a_luks1_volume_under_a_cryptoperiod_has_no_key_010(make_luks):
-    """HOLE (minor): _volume_key_age_rule returns for LUKS1, so a LUKS1 volume under a
+    """HOLE (minor, fixed: LUKS1 is reported of unknown age): _volume_key_age_rule returns for LUKS1, so a LUKS1 volume under a
     cryptoperiod gets no HANA-KEY-010 although its key's age is unknown (no token there).
     HANA-ENC-002 is reported, but it maps to AT_REST/SC-13, not PCI-3.7.4: an evidence view
     by control shows the cryptoperiod control as met for that volume.
@@ -218,7 +222,9 @@ def test_cryptsetup_refuses_a_token_import_once_the_init_ran(old_volume, keyfile
     """The docstring's premise: from --init-only to the end no token can be imported (so
     nobody dates the old key anew during a re-encryption with the CLI)."""
     reencrypt_by_hand(old_volume, keyfile, "--init-only")
-    done = import_token(old_volume, reencrypt.key_date_token(REAL_TODAY), check=False)
+    done = import_token(
+        old_volume, reencrypt.key_date_token(REAL_TODAY, parse(old_volume)["uuid"]), check=False
+    )
     assert done.returncode != 0 and "reencryption" in done.stderr
     assert reencrypt.volume_key_date(parse(old_volume)) == FORMAT_DAY
 
@@ -230,7 +236,7 @@ def test_a_killed_init_then_a_hand_re_encryption_dates_the_new_key_older_not_you
     (key,) = parse(old_volume)["volume_keys"]
     before = parse(old_volume)
     stale_day = REAL_TODAY - datetime.timedelta(days=30)
-    import_token(old_volume, reencrypt.key_date_token(stale_day, replaces=[key]))
+    import_token(old_volume, reencrypt.key_date_token(stale_day, parse(old_volume)["uuid"], replaces=[key]))
     for tid in reencrypt.tokens_to_replace(before):
         remove_token(old_volume, tid)
     assert reencrypt.volume_key_date(parse(old_volume)) == FORMAT_DAY  # the stale token dates nothing
@@ -250,7 +256,12 @@ def test_many_failed_inits_keep_our_tokens_bounded_and_never_touch_another_tool(
     (key,) = parse(old_volume)["volume_keys"]
     for n in range(40):
         header = parse(old_volume)
-        import_token(old_volume, reencrypt.key_date_token(FORMAT_DAY + datetime.timedelta(days=n + 1), [key]))
+        import_token(
+            old_volume,
+            reencrypt.key_date_token(
+                FORMAT_DAY + datetime.timedelta(days=n + 1), parse(old_volume)["uuid"], [key]
+            ),
+        )
         assert len(parse(old_volume)["tokens"]) <= 4
         for tid in reencrypt.tokens_to_replace(header):
             remove_token(old_volume, tid)
@@ -263,7 +274,7 @@ def test_a_header_restored_from_a_backup_before_the_date_keeps_the_old_date(old_
     backup = tmp_path / "hdr.bak"
     cryptsetup("luksHeaderBackup", str(old_volume), "--header-backup-file", str(backup))
     (key,) = parse(old_volume)["volume_keys"]
-    import_token(old_volume, reencrypt.key_date_token(REAL_TODAY, [key]))
+    import_token(old_volume, reencrypt.key_date_token(REAL_TODAY, parse(old_volume)["uuid"], [key]))
     cryptsetup("luksHeaderRestore", "-q", str(old_volume), "--header-backup-file", str(backup))
     assert reencrypt.volume_key_date(parse(old_volume)) == FORMAT_DAY
 
@@ -321,7 +332,9 @@ def test_no_key_material_in_the_token_nor_the_summary(old_volume, keyfile):
     secrets = {meta["digests"]["0"]["salt"], meta["digests"]["0"]["digest"], keyfile.read_bytes().hex()}
     secrets |= {s["kdf"]["salt"] for s in meta["keyslots"].values()}
     (key,) = parse(old_volume)["volume_keys"]
-    text = json.dumps(parse(old_volume), default=str) + reencrypt.key_date_token(REAL_TODAY, [key])
+    text = json.dumps(parse(old_volume), default=str) + reencrypt.key_date_token(
+        REAL_TODAY, parse(old_volume)["uuid"], [key]
+    )
     assert not [s for s in secrets if s in text]
 
 

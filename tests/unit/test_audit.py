@@ -1038,7 +1038,7 @@ def test_a_volume_key_past_its_cryptoperiod_or_of_unknown_age_is_key_010(make_lu
     assert key_010(PILLAR) == []
     subprocess.run(
         ["cryptsetup", "token", "import", str(image)],
-        input=reencrypt.key_date_token(datetime.date(2025, 11, 28)),
+        input=reencrypt.key_date_token(datetime.date(2025, 11, 28), facts["headers"]["dm-0"]["uuid"]),
         text=True,
         check=True,
     )

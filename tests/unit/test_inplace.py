@@ -10,7 +10,7 @@ import subprocess
 from unittest.mock import MagicMock
 
 import pytest
-from hana_storage_core import events, inplace, reencrypt
+from hana_storage_core import events, inplace, luks, reencrypt
 from prometheus_client import CollectorRegistry, generate_latest
 
 from tests.conftest import REPO
@@ -273,6 +273,7 @@ def host():
         "hana_storage_host.signatures": MagicMock(
             return_value=([{"type": "xfs", "usage": "filesystem"}], None)
         ),
+        "hana_storage_host.luks_header": MagicMock(return_value={"uuid": "u-1"}),
         "cmd.run_all": MagicMock(return_value={"retcode": 0, "stdout": "", "stderr": ""}),
     }
 
@@ -363,7 +364,7 @@ def test_once_the_encryption_ended_the_tagged_day_dates_the_key(host):
     (imported,) = host["cmd.run_all"].call_args_list
     assert imported.args[0] == ["cryptsetup", "token", "import", LV]
     token = json.loads(imported.kwargs["stdin"])
-    assert (token["created"], token["replaces"]) == ("2026-11-20", [])
+    assert (token["created"], token["volume"], token["replaces"]) == ("2026-11-20", "u-1", [])
     assert ret["changes"] == {"key_date": {"device": LV, "created": "2026-11-20"}}
 
 
@@ -557,7 +558,9 @@ def test_once_dated_or_without_the_day_tag_there_is_no_key_day(host_module, monk
     dated = make_luks(kdf="pbkdf2")
     subprocess.run(
         ["cryptsetup", "token", "import", str(dated)],
-        input=reencrypt.key_date_token(datetime.date(2026, 11, 20)),
+        input=reencrypt.key_date_token(
+            datetime.date(2026, 11, 20), luks.parse_header(luks.reader_for(dated.read_bytes()))["uuid"]
+        ),
         text=True,
         check=True,
     )

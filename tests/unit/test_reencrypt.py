@@ -27,7 +27,7 @@ def dated(make_luks):
     """A LUKS2 header with 512-byte sectors whose volume key token says 2025-01-01."""
     path = make_luks(sector_size=512, kdf="pbkdf2")
     cryptsetup("--version")  # skips without cryptsetup
-    import_token(path, reencrypt.key_date_token(datetime.date(2025, 1, 1)))
+    import_token(path, reencrypt.key_date_token(datetime.date(2025, 1, 1), parse(path)["uuid"]))
     return path
 
 
@@ -58,7 +58,7 @@ def test_a_token_of_ours_without_a_valid_date_says_no_age_and_the_header_still_p
 
 def test_of_two_date_tokens_the_newest_is_the_keys(dated):
     """Two tokens that both date the key in use: the newer says when it was made."""
-    import_token(dated, reencrypt.key_date_token(TODAY))
+    import_token(dated, reencrypt.key_date_token(TODAY, parse(dated)["uuid"]))
     header = parse(dated)
     assert reencrypt.volume_key_date(header) == TODAY
 
@@ -107,7 +107,7 @@ def test_the_re_encryptions_token_dates_the_new_key_and_the_old_keeps_its_own(da
     header = parse(dated)
     (old,) = header["volume_keys"]
     assert reencrypt.tokens_to_replace(header) == []  # the format's token dates the old key: kept
-    import_token(dated, reencrypt.key_date_token(TODAY, replaces=[old]))
+    import_token(dated, reencrypt.key_date_token(TODAY, parse(dated)["uuid"], replaces=[old]))
     header = parse(dated)
     assert reencrypt.volume_key_date(header) == datetime.date(2025, 1, 1)  # the old key, still the only one
     reencrypt_offline(dated, keyfile, "--init-only")
@@ -123,7 +123,7 @@ def test_the_re_encryptions_token_dates_the_new_key_and_the_old_keeps_its_own(da
 def test_an_init_that_never_happened_leaves_a_token_that_dates_nothing(dated):
     header = parse(dated)
     (old,) = header["volume_keys"]
-    import_token(dated, reencrypt.key_date_token(TODAY, replaces=[old]))
+    import_token(dated, reencrypt.key_date_token(TODAY, parse(dated)["uuid"], replaces=[old]))
     header = parse(dated)
     assert reencrypt.key_dates(header) == {old: datetime.date(2025, 1, 1)}
     # the next attempt removes it (it dates nothing) and keeps the format's
@@ -133,12 +133,12 @@ def test_an_init_that_never_happened_leaves_a_token_that_dates_nothing(dated):
 
 def test_tokens_stay_at_most_two_over_many_re_encryptions(make_luks, keyfile):
     path = make_luks(kdf="pbkdf2")
-    import_token(path, reencrypt.key_date_token(datetime.date(2024, 1, 1)))
+    import_token(path, reencrypt.key_date_token(datetime.date(2024, 1, 1), parse(path)["uuid"]))
     for n in range(3):
         header = parse(path)
         (key,) = header["volume_keys"]
         day = datetime.date(2025, 1, 1) + datetime.timedelta(days=n)
-        import_token(path, reencrypt.key_date_token(day, replaces=[key]))
+        import_token(path, reencrypt.key_date_token(day, parse(path)["uuid"], replaces=[key]))
         for tid in reencrypt.tokens_to_replace(header):
             subprocess.run(["cryptsetup", "token", "remove", "--token-id", str(tid), str(path)], check=True)
         reencrypt_offline(path, keyfile)
@@ -158,7 +158,8 @@ def test_a_key_made_by_hand_later_is_dated_by_our_newest_token_older_than_it_is(
 )
 def test_a_token_whose_replaces_is_not_a_list_of_fingerprints_dates_nothing(make_luks, replaces):
     path = make_luks(kdf="pbkdf2")
-    token = {"type": reencrypt.KEY_DATE_TOKEN, "keyslots": [], "created": "2025-01-01", "replaces": replaces}
+    token = {"type": reencrypt.KEY_DATE_TOKEN, "keyslots": [], "created": "2025-01-01", "replaces": replaces,
+             "volume": parse(path)["uuid"]}  # fmt: skip
     import_token(path, json.dumps(token))
     header = parse(path)
     (ours,) = [t for t in header["tokens"] if t["type"] == reencrypt.KEY_DATE_TOKEN]
@@ -181,7 +182,7 @@ def test_wants_a_new_sector_and_a_new_key(dated):
 
 def test_wants_nothing_of_a_young_key_at_the_policys_sector(make_luks):
     path = make_luks(sector_size=4096, kdf="pbkdf2")
-    import_token(path, reencrypt.key_date_token(TODAY - datetime.timedelta(days=30)))
+    import_token(path, reencrypt.key_date_token(TODAY - datetime.timedelta(days=30), parse(path)["uuid"]))
     assert reencrypt.wants(parse(path), 4096, 4096, 365, TODAY) == {
         "sector": None,
         "new_key": None,
@@ -238,11 +239,14 @@ def test_a_forged_token_type_with_a_huge_date_field_does_not_break_the_parser(ma
 def header_of(sector=512, created=None, underway=None, version=2):
     tokens = []
     if created:
-        key_date = reencrypt.token_date({"created": created})  # as luks.parse_header records it
+        key_date = reencrypt.token_date(
+            {"created": created, "volume": "u-1"}
+        )  # as luks.parse_header records it
         tokens.append({"id": 0, "type": reencrypt.KEY_DATE_TOKEN, "keyslots": [], "key_date": key_date})
     keys = ["0123456789abcdef"] + (["fedcba9876543210"] if underway else [])
     return {
         "version": version,
+        "uuid": "u-1",
         "sector_size": sector,
         "tokens": tokens,
         "reencryption": underway,

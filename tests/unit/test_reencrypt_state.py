@@ -27,13 +27,13 @@ KEY_IN_USE = "0123456789abcdef"  # luks.key_fingerprint of the volume key
 
 def date_token(tid, created, replaces=()):
     """A KEY_DATE_TOKEN as luks.parse_header records it."""
-    key_date = reencrypt.token_date({"created": created, "replaces": list(replaces)})
+    key_date = reencrypt.token_date({"created": created, "volume": "u-1", "replaces": list(replaces)})
     return {"id": tid, "type": reencrypt.KEY_DATE_TOKEN, "keyslots": [], "key_date": key_date}
 
 
 OLD_DATE = date_token(3, "2020-01-01")  # luksFormat's: it dates the key in use
 STALE = date_token(5, "2021-06-01", replaces=[KEY_IN_USE])  # an init that never happened: dates nothing
-HEADER = {"version": 2, "sector_size": 512, "tokens": [OLD_DATE, STALE], "reencryption": None,
+HEADER = {"version": 2, "uuid": "u-1", "sector_size": 512, "tokens": [OLD_DATE, STALE], "reencryption": None,
           "volume_keys": [KEY_IN_USE]}  # fmt: skip
 FACTS = {
     "header": HEADER,
