@@ -657,7 +657,7 @@ def _io_check_file(mountpoint, dev, size_bytes):
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         handle = os.open("io_check", flags, 0o600, dir_fd=workdir)
         _lay_out(handle, size_bytes)
-        yield f"/proc/{os.getpid()}/fd/{handle}"
+        yield core.files.fd_path(handle)
     finally:
         if handle is not None:
             os.close(handle)

@@ -1569,7 +1569,7 @@ def _processes_using(dev):
         uses = any(_st_dev(link) == wanted for link in links) or _maps_device(
             _read(f"{base}/maps"), major, minor
         )
-        if uses and int(pid) != os.getpid():
+        if uses and pid != os.readlink("/proc/self"):  # the pid /proc knows this process by
             found.append({"pid": int(pid), "comm": _read(f"{base}/comm").strip()})
     return found
 

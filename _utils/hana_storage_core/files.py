@@ -158,6 +158,13 @@ def exclusive(name, timeout, dir_fd, poll=0.5):
         os.close(descriptor)
 
 
+def fd_path(fd):
+    """``/proc/<pid>/fd/<fd>``: this process's descriptor ``fd`` as a path another process can
+    open. The pid is the one the mounted /proc knows this process by (its ``self`` link), which
+    is not os.getpid() in a PID namespace that shares its parent's /proc."""
+    return f"/proc/{os.readlink('/proc/self')}/fd/{fd}"
+
+
 @contextlib.contextmanager
 def memory_copy(path, size):
     """A copy of the first ``size`` bytes of ``path`` in memory (memfd: never on a disk, never
@@ -176,6 +183,6 @@ def memory_copy(path, size):
                 done += os.write(copy, chunk)
         finally:
             os.close(source)
-        yield f"/proc/{os.getpid()}/fd/{copy}"
+        yield fd_path(copy)
     finally:
         os.close(copy)

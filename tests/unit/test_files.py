@@ -173,3 +173,33 @@ def test_create_file_makes_a_new_file_and_never_replaces_one(tmp_path):
         files.create_file(str(tmp_path / "link"), b"x", mode=0o640)
     assert target.read_text() == "keep\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["evidence.html", "link", "shadow"]
+
+
+def test_a_memory_copy_is_named_by_the_pid_proc_knows_in_a_pid_namespace(tmp_path):
+    """A process in a PID namespace of its own that shares its parent's /proc (the lab's
+    systemd namespace; a container started with --pid but the host's /proc) has a pid there
+    that os.getpid() does not return: the path handed to cryptsetup named another process's
+    descriptor ("Device /proc/68/fd/7 does not exist"). The path now follows /proc/self."""
+    if os.geteuid() != 0 or subprocess.run(["unshare", "--pid", "--fork", "true"], check=False).returncode:
+        pytest.skip("needs root and unshare --pid")
+    source = tmp_path / "header"
+    source.write_bytes(b"LUKS header bytes")
+    script = textwrap.dedent(
+        f"""
+        import os, sys
+        sys.path.insert(0, {str(REPO / "_utils")!r})
+        from hana_storage_core import files
+        with files.memory_copy({str(source)!r}, 17) as path:
+            with open(path, "rb") as handle:
+                print(os.getpid(), handle.read().decode())
+        """
+    )
+    out = subprocess.run(
+        ["unshare", "--pid", "--fork", sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    pid, content = out.stdout.split(maxsplit=1)
+    assert pid == "1" and content.strip() == "LUKS header bytes"
