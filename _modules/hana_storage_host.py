@@ -956,7 +956,8 @@ def _header_backup_facts(plan):
 def header_backup(path):
     """
     What a LUKS header backup file holds, read-only: ``{"exists", "mode", "uid", "uuid",
-    "fingerprint", "keyslots": [{"id", "fingerprint"}], "tokens": [its Clevis tokens], "mtime"}``, or
+    "fingerprint", "keyslots": [{"id", "fingerprint"}], "volume_keys": [fingerprints], "tokens":
+    [its Clevis tokens], "mtime"}``, or
     ``{"exists", "error"}`` (a symlink is not a backup the formula made).
     The fingerprint is the one ``luks_header`` gives the live header while they agree.
 
@@ -984,6 +985,7 @@ def header_backup(path):
         "uuid": header["uuid"],
         "fingerprint": header["fingerprint"],
         "keyslots": [{"id": k["id"], "fingerprint": k["fingerprint"]} for k in header["keyslots"]],
+        "volume_keys": header.get("volume_keys", []),
         "tokens": [t for t in header.get("tokens", []) if t["type"] == "clevis"],
         "mtime": info.st_mtime,
     }

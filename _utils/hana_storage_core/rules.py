@@ -424,7 +424,10 @@ def header_backup_problem(fact, header, policy=None, key_opens=(), retired=()):
 
     HANA-KEY-006 (auto: the fix makes a new backup, and replaces the old one only once the key is
     proven to open it): ``missing``, ``unreadable``, ``stale`` (the header gained keyslots, tokens
-    or flags since, or keyslots changed that lost no access: see lost_keyslots), ``exposed``. HANA-KEY-007 (manual: never replaced automatically, the backup
+    or flags since, or keyslots changed that lost no access: see lost_keyslots), ``rekeyed`` (made
+    before a re-encryption ended: none of its volume keys encrypts the device any more, so
+    restoring it would make every byte unreadable; its keyslots were dropped by the
+    re-encryption, not lost), ``exposed``. HANA-KEY-007 (manual: never replaced automatically, the backup
     may be the only way back): ``other_device`` (another UUID: a stray luksFormat) or
     ``keyslots_lost`` (keyslots the backup holds are gone from the header: erased, killed or
     overwritten, or removed on purpose by a rotation killed before its new backup). A lost
@@ -439,6 +442,14 @@ def header_backup_problem(fact, header, policy=None, key_opens=(), retired=()):
             "code": "other_device",
             "text": f"the header of another LUKS device (UUID {fact['uuid']}; the device's is {header['uuid']})",
             "rule": "HANA-KEY-007",
+        }
+    theirs, ours = set(fact.get("volume_keys") or []), set(header.get("volume_keys") or [])
+    if theirs and ours and not theirs & ours:
+        return {
+            "code": "rekeyed",
+            "text": "made before a re-encryption: its volume key no longer encrypts the device "
+            "(restoring it would make the data unreadable)",
+            "rule": "HANA-KEY-006",
         }
     lost = lost_keyslots(fact, header, policy, key_opens, retired)
     if lost:

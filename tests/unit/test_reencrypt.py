@@ -325,3 +325,30 @@ def test_another_mode_under_way_is_foreign(mode):
 def test_no_header_is_absent_and_no_cryptoperiod_wants_no_key():
     assert stage(facts_of(None))[0] == "absent"
     assert stage(facts_of(header_of(4096)), max_age_days=None)[0] == "current"
+
+
+def test_a_header_backup_from_before_a_re_encryption_is_stale_never_one_to_restore(
+    make_luks, keyfile, tmp_path
+):
+    """A re-encryption gives the key's keyslot a new id and drops the old one: the backup made
+    before it "lost" keyslot 0, which read as HANA-KEY-007 (manual: restore from the backup) and
+    kept the backup forever. Restoring it would put the old volume key over data encrypted with
+    the new one: every byte unreadable. Such a backup is stale (HANA-KEY-006: made anew)."""
+    import importlib.util
+
+    from hana_storage_core import rules
+
+    from tests.conftest import REPO
+
+    spec = importlib.util.spec_from_file_location(
+        "host_reencrypt_backup", REPO / "_modules" / "hana_storage_host.py"
+    )
+    host = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(host)
+    path, backup = make_luks(sector_size=512, kdf="pbkdf2"), tmp_path / "hana_data.luks-header"
+    cryptsetup("luksHeaderBackup", str(path), "--header-backup-file", str(backup))
+    assert rules.header_backup_problem(host.header_backup(str(backup)), parse(path)) is None
+    reencrypt_offline(path, keyfile, "--sector-size", "4096")
+    problem = rules.header_backup_problem(host.header_backup(str(backup)), parse(path))
+    assert (problem["rule"], problem["code"]) == ("HANA-KEY-006", "rekeyed"), problem
+    assert "restoring it would" in problem["text"]

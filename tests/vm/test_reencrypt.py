@@ -28,12 +28,15 @@ MOUNT = "/hana/data"
 UNIT = inplace.unit_name("hana_data")
 LV_MIB = 1120
 FILE = f"{MOUNT}/a.bin"
+BACKUPS = "/var/lib/hana-storage/luks-headers"
+BACKUP = f"{BACKUPS}/hana_data.luks-header"
 
 
 def pillar(vm):
     storage = yaml.safe_load(vm.pillar())["hana"]["storage"]
     storage["key"] = {"source": "keyfile", "path": KEY_FILE}
     storage["luks"]["volume_key_max_age_days"] = 365
+    storage["header_backup"] = {"directory": BACKUPS}
     storage["volumes"] = {
         "data": {
             "mountpoint": MOUNT,
@@ -58,9 +61,12 @@ def build_old_volume(vm):
         f"cryptsetup open --key-file {KEY_FILE} {LV} hana_data\n"
         f"mkfs.xfs -q -s size=4096 -d su=64k,sw=2 {CRYPT}\n"
         f"mkdir -p {MOUNT} && mount -o noatime,nodiratime,logbsize=256k {CRYPT} {MOUNT}\n"
-        f"head -c 96M /dev/urandom >{FILE} && sync",
+        f"head -c 96M /dev/urandom >{FILE} && sync\n"
+        f"mkdir -p -m 700 {BACKUPS} && cryptsetup luksHeaderBackup {LV} --header-backup-file {BACKUP}\n"
+        f"chmod 400 {BACKUP}",
         check=True,
-        title="a LUKS2 volume with 512-byte sectors and an undated key, mounted, 96 MiB of data",
+        title="a LUKS2 volume with 512-byte sectors and an undated key, mounted, 96 MiB of data, "
+        "its header backed up",
     )
 
 
@@ -119,8 +125,16 @@ def test_the_apply_re_encrypts_online_with_nothing_unmounted(vm):
 
 
 def test_then_the_audit_is_compliant_and_a_second_apply_changes_nothing(vm):
+    """The header backup made before holds the old volume key only: the apply makes it anew
+    (never the "restore from it" of HANA-KEY-007: that would make the data unreadable)."""
+    audit = vm.salt("hana_storage.audit volumes=data", check=True).ret
+    backup = [
+        f for f in audit["findings"] if f["rule"].startswith("HANA-KEY-00") and "backup" in f["message"]
+    ]
+    assert [f["rule"] for f in backup] == ["HANA-KEY-006"], backup
     again = vm.salt("state.apply hana.storage", title="state.apply after the re-encryption")
     assert again.retcode == 0
+    assert [s for s in again.ret.values() if s["changes"].get("header_backup") == BACKUP], again.text()
     audit = vm.salt("hana_storage.audit volumes=data", check=True).ret
     assert audit["compliant"], audit["findings"]
     third = vm.salt("state.apply hana.storage", title="state.apply: nothing to do")
