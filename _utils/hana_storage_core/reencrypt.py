@@ -105,6 +105,12 @@ def _dating_tokens(header):
     ]
 
 
+def replaced_keys(header):
+    """The fingerprints of the volume keys this volume's tokens of ours say were replaced: keys
+    a re-encryption by the formula retired (it names them before its init)."""
+    return {key for _, _, replaces in _dating_tokens(header) for key in replaces}
+
+
 def key_dates(header, today=None):
     """{fingerprint: date or None} of each volume key in use (two during a re-encryption): the
     newest token that does not name it, None when every token names it (or there is none). A

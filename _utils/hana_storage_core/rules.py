@@ -425,10 +425,11 @@ def header_backup_problem(fact, header, policy=None, key_opens=(), retired=()):
     HANA-KEY-006 (auto: the fix makes a new backup, and replaces the old one only once the key is
     proven to open it): ``missing``, ``unreadable``, ``stale`` (the header gained keyslots, tokens
     or flags since, or keyslots changed that lost no access: see lost_keyslots), ``rekeyed`` (made
-    before a re-encryption ended: none of its volume keys encrypts the device any more, so
-    restoring it would make every byte unreadable; its keyslots were dropped by the
-    re-encryption, not lost), ``exposed``. HANA-KEY-007 (manual: never replaced automatically, the backup
-    may be the only way back): ``other_device`` (another UUID: a stray luksFormat) or
+    before a re-encryption by the formula ended, which named its volume key as the one it
+    replaces: restoring it would make every byte unreadable), ``exposed``. HANA-KEY-007 (manual: never replaced automatically, the backup
+    may be the only way back): ``other_device`` (another UUID: a stray luksFormat),
+    ``other_volume_key`` (the same UUID, another volume key, and no token of ours that retired
+    the backup's: a hand re-encryption, or a luksFormat that kept the UUID) or
     ``keyslots_lost`` (keyslots the backup holds are gone from the header: erased, killed or
     overwritten, or removed on purpose by a rotation killed before its new backup). A lost
     keyslot of a Clevis binding to the pillar's ``policy`` loses no access (the recovery key's
@@ -445,11 +446,20 @@ def header_backup_problem(fact, header, policy=None, key_opens=(), retired=()):
         }
     theirs, ours = set(fact.get("volume_keys") or []), set(header.get("volume_keys") or [])
     if theirs and ours and not theirs & ours:
+        if theirs & reencrypt.replaced_keys(header):
+            return {
+                "code": "rekeyed",
+                "text": "made before a re-encryption: its volume key no longer encrypts the device "
+                "(restoring it would make the data unreadable)",
+                "rule": "HANA-KEY-006",
+            }
         return {
-            "code": "rekeyed",
-            "text": "made before a re-encryption: its volume key no longer encrypts the device "
-            "(restoring it would make the data unreadable)",
-            "rule": "HANA-KEY-006",
+            "code": "other_volume_key",
+            "text": "its volume key is not the device's, and no re-encryption by the formula retired it: "
+            "the header was re-encrypted by hand, or formatted anew with the same UUID. Restoring it "
+            "makes every byte written with the new key unreadable: restore it only if the device was "
+            "formatted over by mistake, else move it aside",
+            "rule": "HANA-KEY-007",
         }
     lost = lost_keyslots(fact, header, policy, key_opens, retired)
     if lost:
@@ -1089,6 +1099,17 @@ class VolumeAudit:
             slots.get("retired", []),
         )
         if problem is None:
+            return
+        if problem["code"] == "other_volume_key":
+            self.add(
+                "HANA-KEY-007",
+                path,
+                f"the live header still holds what its backup {backup} holds",
+                problem["text"],
+                f"{path}: header backup {backup}: {problem['text']} (to restore: "
+                f"{restore_hint(crypt['device'], backup)}). The backup is never replaced while it may be "
+                "the only way back.",
+            )
             return
         if problem["rule"] == "HANA-KEY-007":
             self.add(

@@ -327,13 +327,7 @@ def test_no_header_is_absent_and_no_cryptoperiod_wants_no_key():
     assert stage(facts_of(header_of(4096)), max_age_days=None)[0] == "current"
 
 
-def test_a_header_backup_from_before_a_re_encryption_is_stale_never_one_to_restore(
-    make_luks, keyfile, tmp_path
-):
-    """A re-encryption gives the key's keyslot a new id and drops the old one: the backup made
-    before it "lost" keyslot 0, which read as HANA-KEY-007 (manual: restore from the backup) and
-    kept the backup forever. Restoring it would put the old volume key over data encrypted with
-    the new one: every byte unreadable. Such a backup is stale (HANA-KEY-006: made anew)."""
+def backup_problem(path, backup):
     import importlib.util
 
     from hana_storage_core import rules
@@ -345,10 +339,48 @@ def test_a_header_backup_from_before_a_re_encryption_is_stale_never_one_to_resto
     )
     host = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(host)
+    return rules.header_backup_problem(host.header_backup(str(backup)), parse(path))
+
+
+@pytest.fixture
+def backed_up(make_luks, tmp_path):
     path, backup = make_luks(sector_size=512, kdf="pbkdf2"), tmp_path / "hana_data.luks-header"
     cryptsetup("luksHeaderBackup", str(path), "--header-backup-file", str(backup))
-    assert rules.header_backup_problem(host.header_backup(str(backup)), parse(path)) is None
+    assert backup_problem(path, backup) is None
+    return path, backup
+
+
+def test_a_header_backup_from_before_a_re_encryption_is_stale_never_one_to_restore(backed_up, keyfile):
+    """A re-encryption gives the key's keyslot a new id and drops the old one: the backup made
+    before it "lost" keyslot 0, which read as HANA-KEY-007 (manual: restore from the backup) and
+    kept the backup forever. Restoring it would put the old volume key over data encrypted with
+    the new one: every byte unreadable. The formula's re-encryption names the key it replaces in
+    its date token: such a backup is stale (HANA-KEY-006: made anew)."""
+    path, backup = backed_up
+    (old,) = parse(path)["volume_keys"]
+    import_token(path, reencrypt.key_date_token(TODAY, parse(path)["uuid"], replaces=[old]))
     reencrypt_offline(path, keyfile, "--sector-size", "4096")
-    problem = rules.header_backup_problem(host.header_backup(str(backup)), parse(path))
+    problem = backup_problem(path, backup)
     assert (problem["rule"], problem["code"]) == ("HANA-KEY-006", "rekeyed"), problem
     assert "restoring it would" in problem["text"]
+
+
+def test_a_backup_of_a_key_no_token_retired_is_kept_and_not_offered_as_the_fix(backed_up, keyfile):
+    """A re-encryption by hand, or a luksFormat that kept the UUID (and the key file): the
+    backup's volume key is not the device's, and nothing says which happened. The backup is
+    kept (HANA-KEY-007, manual) and the finding says what restoring it would cost."""
+    path, backup = backed_up
+    reencrypt_offline(path, keyfile, "--sector-size", "4096")
+    problem = backup_problem(path, backup)
+    assert (problem["rule"], problem["code"]) == ("HANA-KEY-007", "other_volume_key"), problem
+    assert "unreadable" in problem["text"]
+
+
+def test_a_luks_format_that_kept_the_uuid_keeps_the_backup(backed_up, keyfile):
+    path, backup = backed_up
+    uuid = parse(path)["uuid"]
+    cryptsetup(
+        "luksFormat", "-q", "--type", "luks2", "--uuid", uuid, *CHEAP, "--key-file", str(keyfile), str(path)
+    )
+    problem = backup_problem(path, backup)
+    assert (problem["rule"], problem["code"]) == ("HANA-KEY-007", "other_volume_key"), problem
