@@ -1453,7 +1453,7 @@ def reencrypt_facts(device, crypt_name, key_file, fs_device):
     ``leftovers``, ``suspended``, ``unit``, ``running`` and ``progress`` (as in_place_facts),
     ``fs_sector`` (the sector size of the XFS on ``fs_device``: the crypt device above LVM, the
     volume's LV below it; None when not read), ``keyslot`` (the lowest keyslot the key in
-    ``key_file`` opens, None for none) and ``clevis`` (a Clevis token on the header).
+    ``key_file`` opens, None for none).
 
     CLI Example:
 
@@ -1479,7 +1479,6 @@ def reencrypt_facts(device, crypt_name, key_file, fs_device):
         "progress": None,
         "fs_sector": None,
         "keyslot": None,
-        "clevis": bool(header) and any(t["type"] == "clevis" for t in header.get("tokens", [])),
     }
     if facts["header"] is None:
         return facts

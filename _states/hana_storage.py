@@ -132,7 +132,8 @@ def _run_scratch(argv, workdir=False):
         for name in os.listdir(SCRATCH):
             if not _scratch_owner_runs(name):
                 shutil.rmtree(os.path.join(SCRATCH, name), ignore_errors=True)
-        private = tempfile.mkdtemp(prefix=f"clevis-{_process_id(os.getpid())}-", dir=SCRATCH)
+        owner = _process_id(os.readlink("/proc/self"))  # the pid /proc knows: see files.fd_path
+        private = tempfile.mkdtemp(prefix=f"clevis-{owner}-", dir=SCRATCH)
     except (OSError, CommandExecutionError) as error:
         return False, f"no private scratch directory for Clevis on a ramfs at {SCRATCH}: {error}"
     try:
@@ -776,7 +777,7 @@ def reencrypted_online(name, device, key_file, luks, fs_device, max_age_days=Non
         steps.append(("date", "record today as the date of its new volume key", None))
         steps += [
             ("undate", f"remove the date token {tid}, made useless by it", _token_remove(device, tid))
-            for tid in core.reencrypt.tokens_to_replace(facts["header"])
+            for tid in core.reencrypt.tokens_to_replace(facts["header"], datetime.date.today())
         ]
         steps.append(
             (

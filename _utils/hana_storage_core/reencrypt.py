@@ -130,17 +130,18 @@ def volume_key_date(header, today=None):
     return None if not dates or None in dates else min(dates)
 
 
-def tokens_to_replace(header):
+def tokens_to_replace(header, today=None):
     """Before a re-encryption's own token is imported (the header has exactly one key in use):
     the ids of the tokens of ours it makes useless, to remove once it is in. One token that gives
     the key in use its date stays (the key keeps it until the re-encryption ends); every other
     one dates that key older than it is, or nothing, or any later key older than the new token
-    does. So the tokens stay at most two, whatever the number of re-encryptions."""
+    does. So the tokens stay at most two, whatever the number of re-encryptions. A token dated
+    after ``today`` dates nothing (key_dates), so it is never the one kept."""
     keys = header.get("volume_keys", [])
     if len(keys) != 1:
         return []  # a re-encryption under way (or no key): not the moment to import one
     key = keys[0]
-    date = key_dates(header).get(key)
+    date = key_dates(header, today).get(key)
     kept = next(
         (tid for tid, day, replaces in _dating_tokens(header) if key not in replaces and day == date),
         None,
@@ -214,6 +215,23 @@ def reencrypt_init(device, key_file, keyslot, sector, pbkdf_args):
     ]
 
 
+def _dropped(header, keyslot):
+    """What a re-encryption with the key's ``keyslot`` alone would drop, said as a blocker, or
+    None: every other keyslot (an escrow passphrase, a binding) and every token but our date's
+    (Clevis, systemd-tpm2, FIDO2: they name keyslots that end up opening nothing)."""
+    others = [
+        f"keyslot {k['id']}"
+        for k in header.get("keyslots", [])
+        if k.get("type") != "reencrypt" and str(k.get("id")) != str(keyslot)
+    ] + [f"a {t['type']} token" for t in header.get("tokens", []) if t["type"] != KEY_DATE_TOKEN]
+    if not others:
+        return None
+    return (
+        f"only the key's keyslot gets the new volume key, and the re-encryption would drop {', '.join(others)}: "
+        "remove them yourself if that is meant"
+    )
+
+
 def stage(facts, policy_sector, max_age_days, today):
     """(stage, why, target sector or None) of a LUKS2 crypt device, from its facts:
 
@@ -221,7 +239,7 @@ def stage(facts, policy_sector, max_age_days, today):
     "running": a re-encryption of it runs (the unit, or cryptsetup by hand), "leftovers" and
     "suspended" (inplace.leftovers: a killed run's hotzone and overlay devices), "fs_sector":
     the sector size of the XFS above it (None: not known), "keyslot": the keyslot the volume's
-    key opens (None: none), "clevis": it has a Clevis binding}.
+    key opens (None: none)}. Every other keyslot and token of the header blocks it (_dropped).
 
     Stages: ``absent`` (no LUKS2 header: the LUKS states make it), ``current`` (nothing to do),
     ``refused`` (wanted, but not possible: ``why`` says so), ``wanted`` (start: init, date
@@ -283,10 +301,7 @@ def stage(facts, policy_sector, max_age_days, today):
             if facts.get("keyslot") is None
             else None
         ),
-        "it has a Clevis binding, which a re-encryption would drop (only the key's keyslot gets the "
-        "new volume key)"
-        if facts.get("clevis")
-        else None,
+        _dropped(header, facts.get("keyslot")),
         "the sector size of the filesystem above it is not known"
         if want["sector"] and not facts.get("fs_sector")
         else None,

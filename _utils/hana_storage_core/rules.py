@@ -425,11 +425,11 @@ def header_backup_problem(fact, header, policy=None, key_opens=(), retired=()):
     HANA-KEY-006 (auto: the fix makes a new backup, and replaces the old one only once the key is
     proven to open it): ``missing``, ``unreadable``, ``stale`` (the header gained keyslots, tokens
     or flags since, or keyslots changed that lost no access: see lost_keyslots), ``rekeyed`` (made
-    before a re-encryption by the formula ended, which named its volume key as the one it
-    replaces: restoring it would make every byte unreadable), ``exposed``. HANA-KEY-007 (manual: never replaced automatically, the backup
+    before or during a re-encryption by the formula, which named the volume keys it replaces:
+    restoring it would make every byte unreadable), ``exposed``. HANA-KEY-007 (manual: never replaced automatically, the backup
     may be the only way back): ``other_device`` (another UUID: a stray luksFormat),
-    ``other_volume_key`` (the same UUID, another volume key, and no token of ours that retired
-    the backup's: a hand re-encryption, or a luksFormat that kept the UUID) or
+    ``other_volume_key`` (the same UUID, a volume key the device has not, and no token of ours
+    that retired it: a hand re-encryption, or a luksFormat that kept the UUID) or
     ``keyslots_lost`` (keyslots the backup holds are gone from the header: erased, killed or
     overwritten, or removed on purpose by a rotation killed before its new backup). A lost
     keyslot of a Clevis binding to the pillar's ``policy`` loses no access (the recovery key's
@@ -445,17 +445,19 @@ def header_backup_problem(fact, header, policy=None, key_opens=(), retired=()):
             "rule": "HANA-KEY-007",
         }
     theirs, ours = set(fact.get("volume_keys") or []), set(header.get("volume_keys") or [])
-    if theirs and ours and not theirs & ours:
-        if theirs & reencrypt.replaced_keys(header):
-            return {
-                "code": "rekeyed",
-                "text": "made before a re-encryption: its volume key no longer encrypts the device "
-                "(restoring it would make the data unreadable)",
-                "rule": "HANA-KEY-006",
-            }
+    if theirs - ours and theirs - ours <= reencrypt.replaced_keys(header):
+        # a backup made before or during a re-encryption by the formula, which named the keys it
+        # replaces: restoring it would put a retired volume key over data re-encrypted since
+        return {
+            "code": "rekeyed",
+            "text": "made before a re-encryption ended: a volume key in it no longer encrypts the device "
+            "(restoring it would make the data unreadable)",
+            "rule": "HANA-KEY-006",
+        }
+    if ours and theirs - ours:
         return {
             "code": "other_volume_key",
-            "text": "its volume key is not the device's, and no re-encryption by the formula retired it: "
+            "text": "it holds a volume key the device has not, and no re-encryption by the formula retired it: "
             "the header was re-encrypted by hand, or formatted anew with the same UUID. Restoring it "
             "makes every byte written with the new key unreadable: restore it only if the device was "
             "formatted over by mistake, else move it aside",

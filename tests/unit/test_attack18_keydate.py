@@ -352,7 +352,7 @@ def test_test_mode_of_the_re_encryption_writes_nothing(monkeypatch):
         "volume_keys": ["0123456789abcdef"],
     }
     facts = {"header": header, "mapped": True, "leftovers": [], "suspended": [], "unit": "u", "running": False,
-             "progress": None, "fs_sector": 4096, "keyslot": 0, "clevis": False}  # fmt: skip
+             "progress": None, "fs_sector": 4096, "keyslot": 0}  # fmt: skip
     run_all = MagicMock(return_value={"retcode": 0, "stdout": "", "stderr": ""})
     monkeypatch.setattr(states, "__salt__", {"hana_storage_host.reencrypt_facts": MagicMock(return_value=facts),
                                              "cmd.run_all": run_all}, raising=False)  # fmt: skip

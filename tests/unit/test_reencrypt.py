@@ -236,8 +236,8 @@ def test_a_forged_token_type_with_a_huge_date_field_does_not_break_the_parser(ma
     assert reencrypt.volume_key_date(header) is None
 
 
-def header_of(sector=512, created=None, underway=None, version=2):
-    tokens = []
+def header_of(sector=512, created=None, underway=None, version=2, clevis=False):
+    tokens = [{"id": 1, "type": "clevis", "keyslots": [1]}] if clevis else []
     if created:
         key_date = reencrypt.token_date(
             {"created": created, "volume": "u-1"}
@@ -256,7 +256,7 @@ def header_of(sector=512, created=None, underway=None, version=2):
 
 def facts_of(header, **over):
     facts = {"header": header, "mapped": True, "running": False, "leftovers": [], "suspended": [],
-             "fs_sector": 4096, "keyslot": 0, "clevis": False}  # fmt: skip
+             "fs_sector": 4096, "keyslot": 0}  # fmt: skip
     facts.update(over)
     return facts
 
@@ -290,12 +290,12 @@ def test_a_512_byte_xfs_refuses_the_sector_but_renews_an_old_key_at_512():
     [
         ({"mapped": False}, "not open"),
         ({"keyslot": None}, "opens none of its keyslots"),
-        ({"clevis": True}, "Clevis binding"),
+        ({"header": header_of(512, "2020-01-01", clevis=True)}, "drop a clevis token"),
         ({"fs_sector": None}, "not known"),
     ],
 )
 def test_what_blocks_a_wanted_re_encryption_is_named(over, words):
-    got = stage(facts_of(header_of(512, "2026-11-01"), **over))
+    got = stage(dict(facts_of(header_of(512, "2026-11-01")), **over))
     assert got[0] == "refused" and words in got[1]
 
 

@@ -45,7 +45,6 @@ FACTS = {
     "progress": None,
     "fs_sector": 4096,
     "keyslot": 1,
-    "clevis": False,
 }
 
 
@@ -150,7 +149,14 @@ def test_a_failed_init_starts_nothing_and_its_token_dates_nothing(host):
 @pytest.mark.parametrize(
     "over,words",
     [
-        ({"clevis": True}, "Clevis binding"),
+        (
+            {
+                "header": dict(
+                    HEADER, tokens=[*HEADER["tokens"], {"id": 9, "type": "clevis", "keyslots": [2]}]
+                )
+            },
+            "drop a clevis token",
+        ),  # fmt: skip
         ({"keyslot": None}, "opens none of its keyslots"),
         ({"fs_sector": 512, "header": dict(HEADER, tokens=[])}, "mkfs.xfs -s size=4096"),
     ],
