@@ -336,3 +336,4 @@ def test_the_pillar_gate_refuses_clevis_rotation_in_place_and_defaults():
             "recovery": {"source": "pillar", "material": KEY}}  # fmt: skip
     assert "binds through Clevis" in errors(lambda p: p["volumes"]["data"].__setitem__("key", tang))
     assert "unknown key" in errors(lambda p: p.__setitem__("volume_defaults", {"reencrypt_online": True}))
+    assert "below LVM" in errors(lambda p: p["volumes"]["data"].__setitem__("encryption", "below_lvm"))
