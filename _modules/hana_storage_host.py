@@ -1389,20 +1389,13 @@ def in_place_facts(device, crypt_name, mountpoint, shift=None):
     """
     signatures, _ = _blkid(device)
     signature = signatures[0]["type"] if signatures else ""
-    mapped = {info["dm"]["name"]: info["dm"]["suspended"] for info in _sysfs().values() if info["dm"]}
-    names = sorted(mapped)
-    unit = core.inplace.unit_name(crypt_name)
-    leftovers = core.inplace.leftovers(crypt_name, names)
     header = luks_header(device) if signature == "crypto_LUKS" else {}
+    unit = core.inplace.unit_name(crypt_name)
     facts = {
         "signature": signature,
         "reencryption": header.get("reencryption"),
         "key_day": None,
-        "mapped": crypt_name in names,
-        "leftovers": leftovers,
-        "suspended": [n for n in [crypt_name, *leftovers] if mapped.get(n)],
-        "unit": unit,
-        "running": _unit_active(unit) or _reencrypt_running({crypt_name, device, os.path.realpath(device)}),
+        **_reencryption_run(device, crypt_name, unit),
         "progress": None,
         "mounted_from": None,
         "users": [],
@@ -1462,8 +1455,6 @@ def reencrypt_facts(device, crypt_name, key_file, fs_device):
         salt '*' hana_storage_host.reencrypt_facts /dev/vg_hana_data/lv_hana_data hana_data \
             /etc/hana-storage/keys/hana.key /dev/mapper/hana_data
     """
-    mapped = {info["dm"]["name"]: info["dm"]["suspended"] for info in _sysfs().values() if info["dm"]}
-    leftovers = core.inplace.leftovers(crypt_name, sorted(mapped))
     unit = core.inplace.unit_name(crypt_name)
     try:
         header = luks_header(device)
@@ -1471,11 +1462,7 @@ def reencrypt_facts(device, crypt_name, key_file, fs_device):
         header = None
     facts = {
         "header": header if header and header.get("version") else None,
-        "mapped": crypt_name in mapped,
-        "leftovers": leftovers,
-        "suspended": [n for n in [crypt_name, *leftovers] if mapped.get(n)],
-        "unit": unit,
-        "running": _unit_active(unit) or _reencrypt_running({crypt_name, device, os.path.realpath(device)}),
+        **_reencryption_run(device, crypt_name, unit),
         "progress": None,
         "fs_sector": None,
         "keyslot": None,
@@ -1492,6 +1479,22 @@ def reencrypt_facts(device, crypt_name, key_file, fs_device):
         facts["keyslot"] = min(opened["keyslots"]) if opened["keyslots"] else None
         facts["keyslot_error"] = opened["error"]
     return facts
+
+
+def _reencryption_run(device, crypt_name, unit):
+    """What runs a LUKS2 re-encryption of ``device`` (open as ``crypt_name``) and what a killed
+    run left, read-only: ``mapped``, ``leftovers`` and ``suspended`` (inplace.leftovers: its
+    hotzone and overlay devices, and those of the stack that are suspended), ``running`` (the
+    ``unit`` runs, or any ``cryptsetup reencrypt`` of it, one started by hand too)."""
+    mapped = {info["dm"]["name"]: info["dm"]["suspended"] for info in _sysfs().values() if info["dm"]}
+    leftovers = core.inplace.leftovers(crypt_name, sorted(mapped))
+    return {
+        "mapped": crypt_name in mapped,
+        "leftovers": leftovers,
+        "suspended": [n for n in [crypt_name, *leftovers] if mapped.get(n)],
+        "unit": unit,
+        "running": _unit_active(unit) or _reencrypt_running({crypt_name, device, os.path.realpath(device)}),
+    }
 
 
 def _tail_state(device, shift, size):
@@ -1570,7 +1573,7 @@ def _processes_using(dev):
         uses = any(_st_dev(link) == wanted for link in links) or _maps_device(
             _read(f"{base}/maps"), major, minor
         )
-        if uses and pid != os.readlink("/proc/self"):  # the pid /proc knows this process by
+        if uses and pid != core.files.proc_pid():
             found.append({"pid": int(pid), "comm": _read(f"{base}/comm").strip()})
     return found
 

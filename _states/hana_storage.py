@@ -132,8 +132,7 @@ def _run_scratch(argv, workdir=False):
         for name in os.listdir(SCRATCH):
             if not _scratch_owner_runs(name):
                 shutil.rmtree(os.path.join(SCRATCH, name), ignore_errors=True)
-        owner = _process_id(os.readlink("/proc/self"))  # the pid /proc knows: see files.fd_path
-        private = tempfile.mkdtemp(prefix=f"clevis-{owner}-", dir=SCRATCH)
+        private = tempfile.mkdtemp(prefix=f"clevis-{_process_id(core.files.proc_pid())}-", dir=SCRATCH)
     except (OSError, CommandExecutionError) as error:
         return False, f"no private scratch directory for Clevis on a ramfs at {SCRATCH}: {error}"
     try:

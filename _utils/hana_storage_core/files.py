@@ -158,11 +158,17 @@ def exclusive(name, timeout, dir_fd, poll=0.5):
         os.close(descriptor)
 
 
+def proc_pid():
+    """This process's pid as the mounted /proc knows it (its ``self`` link): what a /proc path
+    of this process must name. Not os.getpid() in a PID namespace that shares its parent's /proc
+    (a container run with --pid and the host's /proc)."""
+    return os.readlink("/proc/self")
+
+
 def fd_path(fd):
     """``/proc/<pid>/fd/<fd>``: this process's descriptor ``fd`` as a path another process can
-    open. The pid is the one the mounted /proc knows this process by (its ``self`` link), which
-    is not os.getpid() in a PID namespace that shares its parent's /proc."""
-    return f"/proc/{os.readlink('/proc/self')}/fd/{fd}"
+    open (proc_pid)."""
+    return f"/proc/{proc_pid()}/fd/{fd}"
 
 
 @contextlib.contextmanager
