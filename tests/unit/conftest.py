@@ -15,6 +15,7 @@ import struct
 import subprocess
 
 import pytest
+from hana_storage_core import luks
 
 from tests.conftest import REPO
 from tests.support.redis_store import redis_server
@@ -131,3 +132,19 @@ def full_audits_in_the_tick(beacon):
 
     beacon.FullAudit = InTheTick
     return beacon
+
+
+def reencrypt_offline(path, keyfile, *args):
+    """`cryptsetup reencrypt` of an image file (offline: no mapping), with ``args``
+    (--init-only, --resume-only, or nothing for the whole run); a new volume key goes to the
+    keyslot the key file opens (its id changes with each re-encryption)."""
+    if "--resume-only" not in args:
+        header = luks.parse_header(luks.reader_for(path.read_bytes()))
+        (slot,) = [k["id"] for k in header["keyslots"] if k["type"] == "luks2"][:1]
+        args = ("--key-slot", str(slot), *args)
+    run = ["cryptsetup", "reencrypt", "-q", "--force-offline-reencrypt", "--resilience", "checksum",
+           "--key-file", str(keyfile), *CHEAP_KDF["pbkdf2"], *args, str(path)]  # fmt: skip
+    done = subprocess.run(run, capture_output=True, text=True)
+    if done.returncode and "force-offline-reencrypt" in done.stderr:
+        pytest.skip("cryptsetup before 2.5")
+    assert done.returncode == 0, (run, done.stdout, done.stderr)

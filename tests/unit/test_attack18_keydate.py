@@ -17,11 +17,10 @@ import pytest
 from hana_storage_core import inplace, luks, reencrypt
 
 from tests.conftest import REPO
-from tests.unit.conftest import cryptsetup, rewrite_luks2_json
+from tests.unit.conftest import cryptsetup, reencrypt_offline, rewrite_luks2_json
 
 REAL_TODAY = datetime.date.today()
 FORMAT_DAY = datetime.date(2020, 1, 1)  # the day the volume key was really made
-CHEAP = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"]
 
 
 def parse(path):
@@ -49,18 +48,6 @@ def old_volume(make_luks):
     cryptsetup("--version")
     import_token(path, reencrypt.key_date_token(FORMAT_DAY, parse(path)["uuid"]))
     return path
-
-
-def reencrypt_by_hand(path, keyfile, *args):
-    slot = [k["id"] for k in parse(path)["keyslots"] if k["type"] == "luks2"][0]
-    if "--resume-only" not in args:
-        args = ("--key-slot", str(slot), *args)
-    run = ["cryptsetup", "reencrypt", "-q", "--force-offline-reencrypt", "--resilience", "checksum",
-           "--key-file", str(keyfile), *CHEAP, *args, str(path)]  # fmt: skip
-    done = subprocess.run(run, capture_output=True, text=True)
-    if done.returncode and "force-offline-reencrypt" in done.stderr:
-        pytest.skip("cryptsetup before 2.5")
-    assert done.returncode == 0, (run, done.stderr)
 
 
 # ---- holes -----------------------------------------------------------------------------------
@@ -221,7 +208,7 @@ def test_a_luks1_volume_under_a_cryptoperiod_has_no_key_010(make_luks):
 def test_cryptsetup_refuses_a_token_import_once_the_init_ran(old_volume, keyfile):
     """The docstring's premise: from --init-only to the end no token can be imported (so
     nobody dates the old key anew during a re-encryption with the CLI)."""
-    reencrypt_by_hand(old_volume, keyfile, "--init-only")
+    reencrypt_offline(old_volume, keyfile, "--init-only")
     done = import_token(
         old_volume, reencrypt.key_date_token(REAL_TODAY, parse(old_volume)["uuid"]), check=False
     )
@@ -240,11 +227,11 @@ def test_a_killed_init_then_a_hand_re_encryption_dates_the_new_key_older_not_you
     for tid in reencrypt.tokens_to_replace(before):
         remove_token(old_volume, tid)
     assert reencrypt.volume_key_date(parse(old_volume)) == FORMAT_DAY  # the stale token dates nothing
-    reencrypt_by_hand(old_volume, keyfile, "--init-only")
+    reencrypt_offline(old_volume, keyfile, "--init-only")
     during = parse(old_volume)
     assert reencrypt.volume_key_date(during) == FORMAT_DAY  # the old key still encrypts most
     assert sorted(reencrypt.key_dates(during).values()) == [FORMAT_DAY, stale_day]
-    reencrypt_by_hand(old_volume, keyfile, "--resume-only")
+    reencrypt_offline(old_volume, keyfile, "--resume-only")
     assert reencrypt.volume_key_date(parse(old_volume)) == stale_day <= REAL_TODAY
 
 

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 from hana_storage_core import luks, reencrypt
 
-from tests.unit.conftest import cryptsetup, rewrite_luks2_json
+from tests.unit.conftest import CHEAP_KDF, cryptsetup, reencrypt_offline, rewrite_luks2_json
 
 TODAY = datetime.date(2026, 11, 28)
 
@@ -66,30 +66,12 @@ def test_of_two_date_tokens_the_newest_is_the_keys(dated):
 # ---- the key a token dates: its fingerprint, across a real re-encryption ---------------------
 
 
-def reencrypt_offline(path, keyfile, *args):
-    """`cryptsetup reencrypt` of an image file (offline: no mapping), with ``args``
-    (--init-only, --resume-only, or nothing for the whole run); a new volume key goes to the
-    keyslot the key file opens (its id changes with each re-encryption)."""
-    if "--resume-only" not in args:
-        (slot,) = [k["id"] for k in parse(path)["keyslots"] if k["type"] == "luks2"][:1]
-        args = ("--key-slot", str(slot), *args)
-    run = ["cryptsetup", "reencrypt", "-q", "--force-offline-reencrypt", "--resilience", "checksum",
-           "--key-file", str(keyfile), *CHEAP, *args, str(path)]  # fmt: skip
-    done = subprocess.run(run, capture_output=True, text=True)
-    if done.returncode and "force-offline-reencrypt" in done.stderr:
-        pytest.skip("cryptsetup before 2.5")
-    assert done.returncode == 0, (run, done.stdout, done.stderr)
-
-
-CHEAP = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"]
-
-
 def test_a_keyslot_added_keeps_the_fingerprint_and_a_re_encryption_changes_it(make_luks, keyfile, tmp_path):
     path = make_luks(kdf="pbkdf2")
     (before,) = parse(path)["volume_keys"]
     other = tmp_path / "other.key"
     other.write_bytes(b"x" * 64)
-    subprocess.run(["cryptsetup", "luksAddKey", "-q", *CHEAP, "--key-file", str(keyfile), str(path), str(other)],
+    subprocess.run(["cryptsetup", "luksAddKey", "-q", *CHEAP_KDF["pbkdf2"], "--key-file", str(keyfile), str(path), str(other)],
                    check=True)  # fmt: skip
     assert parse(path)["volume_keys"] == [before]
     reencrypt_offline(path, keyfile, "--init-only")
@@ -380,7 +362,16 @@ def test_a_luks_format_that_kept_the_uuid_keeps_the_backup(backed_up, keyfile):
     path, backup = backed_up
     uuid = parse(path)["uuid"]
     cryptsetup(
-        "luksFormat", "-q", "--type", "luks2", "--uuid", uuid, *CHEAP, "--key-file", str(keyfile), str(path)
+        "luksFormat",
+        "-q",
+        "--type",
+        "luks2",
+        "--uuid",
+        uuid,
+        *CHEAP_KDF["pbkdf2"],
+        "--key-file",
+        str(keyfile),
+        str(path),
     )
     problem = backup_problem(path, backup)
     assert (problem["rule"], problem["code"]) == ("HANA-KEY-007", "other_volume_key"), problem
