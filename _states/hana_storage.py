@@ -754,7 +754,8 @@ def reencrypted_online(name, device, key_file, luks, fs_device, max_age_days=Non
         facts = __salt__["hana_storage_host.reencrypt_facts"](device, name, key_file, fs_device)
     except CommandExecutionError as error:
         return _done(ret, f"cannot tell where the re-encryption of {device} stands: {error}", result=False)
-    stage, why, sector = core.reencrypt.stage(facts, luks["sector_size"], max_age_days, datetime.date.today())
+    today = datetime.date.today()  # one day for the decision, the new token and those it drops
+    stage, why, sector = core.reencrypt.stage(facts, luks["sector_size"], max_age_days, today)
     if stage in ("absent", "current"):
         return _done(ret, f"{device} {why}")
     if stage in ("refused", "foreign"):
@@ -776,7 +777,7 @@ def reencrypted_online(name, device, key_file, luks, fs_device, max_age_days=Non
         steps.append(("date", "record today as the date of its new volume key", None))
         steps += [
             ("undate", f"remove the date token {tid}, made useless by it", _token_remove(device, tid))
-            for tid in core.reencrypt.tokens_to_replace(facts["header"], datetime.date.today())
+            for tid in core.reencrypt.tokens_to_replace(facts["header"], today)
         ]
         steps.append(
             (
@@ -808,7 +809,10 @@ def reencrypted_online(name, device, key_file, luks, fs_device, max_age_days=Non
             _run(["systemctl", "reset-failed", unit])
         if step == "date":
             ok, err = _record_key_date(
-                device, replaces=facts["header"].get("volume_keys", []), uuid=facts["header"].get("uuid")
+                device,
+                today,
+                replaces=facts["header"].get("volume_keys", []),
+                uuid=facts["header"].get("uuid"),
             )
         elif step == "init":
             ok, err = _run_scratch(argv, workdir=True)
