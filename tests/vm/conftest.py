@@ -6,9 +6,11 @@ directory under build/vm-tests/; VMs never run concurrently (the lab holds a mac
 
 import os
 import re
+import time
 
 import pytest
 from hana_lab import Lab
+from hana_storage_core import inplace
 
 from tests.conftest import REPO
 
@@ -37,6 +39,39 @@ def write_lab_key(vm, path):
         f"mkdir -p {os.path.dirname(path)} && echo {vm.key_b64()} | base64 -d >{path} && chmod 0400 {path}",
         check=True,
         echo=False,
+    )
+
+
+def unit_progress(vm, unit):
+    """The last progress a re-encryption unit logged (inplace.parse_progress), or None."""
+    out = vm.run(f"journalctl --unit {unit} --output cat --no-pager | tail -n 20", echo=False).output
+    return inplace.last_progress(out)
+
+
+def wait_for_progress(vm, unit, percent, timeout=600):
+    """Waits until ``unit`` logged at least ``percent`` %; its last progress."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        now = unit_progress(vm, unit)
+        if now and now["percent"] >= percent:
+            return now
+        time.sleep(5)
+    raise AssertionError(f"{unit} did not reach {percent} % within {timeout} s: {unit_progress(vm, unit)}")
+
+
+def reencryption_underway(vm, device):
+    """The LUKS2 header of ``device`` still has a re-encryption keyslot."""
+    return "reencrypt" in vm.run(f"cryptsetup luksDump {device}", check=True, echo=False).output
+
+
+def wait_for_unit_end(vm, unit, timeout=1800):
+    """Waits (in the guest) until ``unit`` is inactive or failed."""
+    vm.run(
+        f"for i in $(seq {timeout * 2}); do case $(systemctl is-active {unit}) in inactive|failed) exit 0;; "
+        "esac; sleep 0.5; done; exit 1",
+        check=True,
+        timeout=timeout + 100,
+        title=f"waiting for {unit} to end",
     )
 
 

@@ -30,7 +30,16 @@ import pytest
 import yaml
 from hana_storage_core import inplace, reencrypt
 
-from tests.vm.conftest import boot, boot_without_salt, close_storage, write_lab_key
+from tests.vm.conftest import (
+    boot,
+    boot_without_salt,
+    close_storage,
+    reencryption_underway,
+    unit_progress,
+    wait_for_progress,
+    wait_for_unit_end,
+    write_lab_key,
+)
 
 pytestmark = pytest.mark.vm
 
@@ -85,26 +94,6 @@ def raw_sum(vm, device):
         check=True,
         echo=False,
     ).output.split()[0]
-
-
-def progress(vm):
-    """The unit's last progress (inplace.parse_progress), or None."""
-    out = vm.run(f"journalctl --unit {UNIT} --output cat --no-pager | tail -n 20", echo=False).output
-    return inplace.last_progress(out)
-
-
-def wait_for(vm, percent, timeout=600):
-    started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        now = progress(vm)
-        if now and now["percent"] >= percent:
-            return now
-        time.sleep(5)
-    raise AssertionError(f"{UNIT} did not reach {percent} % within {timeout} s: {progress(vm)}")
-
-
-def underway(vm):
-    return "reencrypt" in vm.run(f"cryptsetup luksDump {LV}", check=True, echo=False).output
 
 
 def reads_back(vm):
@@ -209,7 +198,7 @@ def test_the_apply_encrypts_in_place_and_returns_while_it_runs(vm, started):
     assert state["changes"]["encrypting"]["unit"] == UNIT, state
     assert 0 < state["changes"]["downtime_s"] < 120, state
     assert vm.systemctl(f"is-active {UNIT}").output.strip() == "active"
-    assert underway(vm)
+    assert reencryption_underway(vm, LV)
     segments = vm.run(
         f"lvs --noheadings --segments -o stripes,stripe_size {LV}", check=True, echo=False
     ).output.split()
@@ -224,23 +213,18 @@ def test_the_apply_encrypts_in_place_and_returns_while_it_runs(vm, started):
 
 
 def test_a_stopped_encryption_is_started_again(vm, started):
-    wait_for(vm, 1)
+    wait_for_progress(vm, UNIT, 1)
     vm.systemctl(f"stop {UNIT}", title="systemctl stop: SIGINT to cryptsetup")
-    assert underway(vm) and reads_back(vm) == [vm.sums[0]]
+    assert reencryption_underway(vm, LV) and reads_back(vm) == [vm.sums[0]]
     again = vm.salt("state.apply hana.storage", title="state.apply after the unit was stopped")
     assert again.retcode == 0, failures(again)
     assert in_place_state(again)["changes"]["encrypting"]["from"] == "paused"
 
 
 def test_a_killed_encryption_is_recovered_or_named(vm, started):
-    before = wait_for(vm, progress(vm)["percent"] + 2)
+    before = wait_for_progress(vm, UNIT, unit_progress(vm, UNIT)["percent"] + 2)
     vm.systemctl(f"kill --signal=KILL {UNIT}", title="SIGKILL to cryptsetup")
-    vm.run(
-        f"for i in $(seq 120); do case $(systemctl is-active {UNIT}) in "
-        "inactive|failed) exit 0;; esac; sleep 0.5; done; exit 1",
-        check=True,
-        title="its unit gone",
-    )
+    wait_for_unit_end(vm, UNIT, timeout=60)
     frozen = vm.run("dmsetup info -c --noheadings -o name,attr | grep '^hana_data-.*:..s'", echo=False).ok
     again = vm.salt("state.apply hana.storage", title="state.apply after cryptsetup was killed")
     state = in_place_state(again)
@@ -258,7 +242,7 @@ def after_power_cut(request, vm, started):
     """The power cut in the middle of the encryption, the boot on the same disks (the guest's
     /etc is new: no crypttab, no fstab), the apply with the cap lifted."""
     if not getattr(vm, "killed", (None, True))[1]:
-        wait_for(vm, progress(vm)["percent"] + 2)
+        wait_for_progress(vm, UNIT, unit_progress(vm, UNIT)["percent"] + 2)
     vm.power_off()
     again = boot(request, disks=len(DISKS), disk_size="1G", fresh=False)
     again.start_service_manager()
@@ -274,9 +258,9 @@ def test_after_a_power_cut_the_apply_opens_and_goes_on(after_power_cut):
     assert vm.resumed.retcode == 0, failures(vm.resumed)
     assert in_place_state(vm.resumed)["changes"]["encrypting"]["from"] == "closed"
     started = time.monotonic()
-    while underway(vm) and time.monotonic() - started < 900:
+    while reencryption_underway(vm, LV) and time.monotonic() - started < 900:
         time.sleep(5)
-    assert not underway(vm), progress(vm)
+    assert not reencryption_underway(vm, LV), unit_progress(vm, UNIT)
     assert file_sum(vm) == vm.sums[0]
 
 
