@@ -727,7 +727,9 @@ def _date_in_place_key(ret, device, why, day):
     return _done(ret, f"{device} {why}: recorded {day}, the day its volume key was made, in its header")
 
 
-def reencrypted_online(name, device, key_file, luks, fs_device, max_age_days=None, max_mib_s=None):
+def reencrypted_online(
+    name, device, key_file, luks, fs_device, max_age_days=None, max_mib_s=None, below_lvm=False
+):
     """
     The LUKS2 ``device``, open as ``name``, is re-encrypted online when the policy asks for it
     (``hana_storage_core.reencrypt`` has the route): to the policy's sector size (512 -> 4096)
@@ -748,6 +750,9 @@ def reencrypted_online(name, device, key_file, luks, fs_device, max_age_days=Non
         The volume keys' cryptoperiod (hana:storage:luks:volume_key_max_age_days).
     max_mib_s
         At most this many MiB/s read and written by the unit (hana:storage:in_place).
+    below_lvm
+        ``device`` is one of the volume's PVs: it gets a new volume key, its sector size stays
+        (each PV's re-encryption runs in a unit of its own, side by side).
     """
     ret = _ret(name)
     try:
@@ -755,7 +760,7 @@ def reencrypted_online(name, device, key_file, luks, fs_device, max_age_days=Non
     except CommandExecutionError as error:
         return _done(ret, f"cannot tell where the re-encryption of {device} stands: {error}", result=False)
     today = datetime.date.today()  # one day for the decision, the new token and those it drops
-    stage, why, sector = core.reencrypt.stage(facts, luks["sector_size"], max_age_days, today)
+    stage, why, sector = core.reencrypt.stage(facts, luks["sector_size"], max_age_days, today, below_lvm)
     if stage in ("absent", "current"):
         return _done(ret, f"{device} {why}")
     if stage in ("refused", "foreign"):
@@ -798,7 +803,14 @@ def reencrypted_online(name, device, key_file, luks, fs_device, max_age_days=Non
         (
             "start",
             f"start {unit}",
-            core.inplace.reencrypt_unit(name, key_file, device, max_mib_s, what="re-encrypt {} online"),
+            core.inplace.reencrypt_unit(
+                name,
+                key_file,
+                device,
+                max_mib_s,
+                what="re-encrypt {} online",
+                hotzone_mib=core.reencrypt.hotzone_mib(max_mib_s),
+            ),
         )
     )
     plan = "; ".join(what for _, what, _ in steps)

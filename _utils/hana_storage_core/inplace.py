@@ -299,11 +299,14 @@ def reencrypt_init(device, crypt_name, key_file, luks, room, sector):
     ]
 
 
-def reencrypt_unit(crypt_name, key_file, device, max_mib_s=None, what="encrypt {} in place"):
+def reencrypt_unit(
+    crypt_name, key_file, device, max_mib_s=None, what="encrypt {} in place", hotzone_mib=None
+):
     """``systemd-run`` of the online re-encryption: a unit that survives the Salt job and the
     minion, stopped with SIGINT only (cryptsetup then finishes its hotzone and records where it
     is; SIGKILL would leave the stack frozen, see above), never killed on a timeout. With
-    ``max_mib_s`` its reads and writes of ``device`` (the LV it encrypts) are capped."""
+    ``max_mib_s`` its reads and writes of ``device`` (the LV it encrypts) are capped; with
+    ``hotzone_mib`` no hotzone is larger (not with datashift: its hotzone is the shift)."""
     limits = (
         [
             f"--property=IOReadBandwidthMax={device} {max_mib_s}M",
@@ -329,6 +332,7 @@ def reencrypt_unit(crypt_name, key_file, device, max_mib_s=None, what="encrypt {
         "--progress-json",
         "--progress-frequency",
         "10",
+        *(["--hotzone-size", f"{hotzone_mib}M"] if hotzone_mib else []),
         "--active-name",
         crypt_name,
     ]

@@ -292,18 +292,12 @@ def _reencrypt_errors(config, name, volume):
     """reencrypt_online re-encrypts with the key's keyslot alone (reencrypt.reencrypt_init):
     every other keyslot is dropped when it ends, so neither a Clevis binding nor a rotation's
     previous key may be there; and it is for volumes the formula encrypted, not one it is
-    encrypting in place. Above LVM only: below it each PV's LUKS device would change its sector
-    size in turn under the mounted LV, a striped LV over PVs of mixed sector sizes meanwhile,
-    which the VM tier does not prove."""
+    encrypting in place. Below LVM each PV gets a new volume key and keeps its sector size
+    (reencrypt.wants says why)."""
     if not volume.get("reencrypt_online"):
         return []
     where = keypath("volumes", name, "reencrypt_online")
     key = volume.get("key", config.get("key", {}))
-    if _setting(config, name, "encryption")[0] == "below_lvm":
-        return [
-            f"{where}: below LVM each PV's LUKS device would be re-encrypted in turn under the mounted LV, "
-            "which the formula does not prove yet; re-encrypt by hand with the LV unmounted"
-        ]
     if volume.get("encrypt_in_place"):
         return [f"{where}: the volume is encrypted in place (encrypt_in_place): re-encrypt it once that ends"]
     if isinstance(key.get("previous"), dict):

@@ -9,7 +9,10 @@ online ``--resume-only`` in a systemd unit of its own, as the encryption in plac
 (inplace.reencrypt_unit). Resilience ``checksum``: each hotzone is written in place, and the
 header keeps a checksum of each of its blocks, so that after a kill or a power cut the open
 recovers the hotzone from whichever of the old and new ciphertext matches. (``journal`` writes
-each hotzone twice; ``datashift`` needs room the device does not have.)
+each hotzone twice; ``datashift`` needs room the device does not have.) cryptsetup holds all I/O
+to a hotzone while it re-encrypts it (its hotzone device stays suspended), and left to itself
+makes a checksum hotzone as large as the keyslots area's checksums cover: half of a 1 GiB
+volume, I/O to it held for minutes under a cap. The unit bounds it (hotzone_mib).
 
 The volume key's date lives in the header, in LUKS2 tokens of the formula's own
 (``KEY_DATE_TOKEN``): {"created": day, "volume": LUKS UUID, "replaces": [fingerprints]} says "a
@@ -42,6 +45,19 @@ import datetime
 import json
 
 KEY_DATE_TOKEN = "hana-storage-volume-key"
+
+
+HOTZONE_MAX_MIB = 64  # at most a quarter of a second of held I/O at 500 MB/s
+
+
+def hotzone_mib(max_mib_s=None):
+    """The largest hotzone the unit re-encrypts at once, in MiB: ``HOTZONE_MAX_MIB``, and under a
+    cap of ``max_mib_s`` (read and written at that rate each) half of it, so that I/O to a
+    hotzone is held about a second at most. A smaller hotzone costs a header update more often
+    (cryptsetup commits where it is after each)."""
+    if not max_mib_s:
+        return HOTZONE_MAX_MIB
+    return max(1, min(HOTZONE_MAX_MIB, int(max_mib_s) // 2))
 
 
 class ReencryptError(ValueError):
@@ -156,14 +172,17 @@ def key_age_days(header, today):
     return None if created is None else (today - created).days
 
 
-def wants(header, policy_sector, fs_sector, max_age_days, today):
+def wants(header, policy_sector, fs_sector, max_age_days, today, below_lvm=False):
     """What a re-encryption of the volume would give it, from its parsed LUKS2 ``header``:
 
     {"sector": (from, to) or None, "new_key": why or None, "refused": why or None}.
     ``sector`` when the header's sector size is not ``policy_sector``; ``new_key`` when a
     cryptoperiod (``max_age_days``) is set and the volume key is older or of unknown age;
-    ``refused`` when the sector size cannot change (the filesystem's ``fs_sector`` is smaller:
-    then only a new key is wanted, if any) or the header is not LUKS2.
+    ``refused`` when the sector size cannot change (the filesystem's ``fs_sector`` is smaller,
+    or the device is a PV ``below_lvm``: then only a new key is wanted, if any) or the header is
+    not LUKS2. Below LVM a new key leaves the PV as it is, but a sector size would change under
+    the mounted LV, its VG meanwhile over PVs of mixed sector sizes (which vgextend refuses and
+    the VM tier does not prove).
     """
     result = {"sector": None, "new_key": None, "refused": None}
     if header.get("version") != 2:
@@ -171,7 +190,13 @@ def wants(header, policy_sector, fs_sector, max_age_days, today):
         return result
     current = header.get("sector_size")
     if current and current != policy_sector:
-        if fs_sector and fs_sector < policy_sector:
+        if below_lvm:
+            result["refused"] = (
+                f"below LVM its {current}-byte sectors would change to {policy_sector} under the mounted LV, "
+                "which the formula does not do: re-encrypt each PV by hand with the LV unmounted "
+                f"(cryptsetup reencrypt --sector-size {policy_sector})"
+            )
+        elif fs_sector and fs_sector < policy_sector:
             result["refused"] = (
                 f"its filesystem has {fs_sector}-byte sectors: an encryption sector of {policy_sector} bytes "
                 "would leave it unmountable (cryptsetup refuses it); make the filesystem anew with "
@@ -232,7 +257,7 @@ def _dropped(header, keyslot):
     )
 
 
-def stage(facts, policy_sector, max_age_days, today):
+def stage(facts, policy_sector, max_age_days, today, below_lvm=False):
     """(stage, why, target sector or None) of a LUKS2 crypt device, from its facts:
 
     {"header": the parsed header (None: not LUKS), "mapped": its crypt mapping exists,
@@ -240,6 +265,7 @@ def stage(facts, policy_sector, max_age_days, today):
     "suspended" (inplace.leftovers: a killed run's hotzone and overlay devices), "fs_sector":
     the sector size of the XFS above it (None: not known), "keyslot": the keyslot the volume's
     key opens (None: none)}. Every other keyslot and token of the header blocks it (_dropped).
+    ``below_lvm``: the device is a PV, whose sector size stays (wants).
 
     Stages: ``absent`` (no LUKS2 header: the LUKS states make it), ``current`` (nothing to do),
     ``refused`` (wanted, but not possible: ``why`` says so), ``wanted`` (start: init, date
@@ -282,7 +308,7 @@ def stage(facts, policy_sector, max_age_days, today):
                 target,
             )
         return "paused", "is being re-encrypted, open, and nothing runs it", target
-    want = wants(header, policy_sector, facts.get("fs_sector"), max_age_days, today)
+    want = wants(header, policy_sector, facts.get("fs_sector"), max_age_days, today, below_lvm)
     reasons = [
         f"its {want['sector'][0]}-byte sectors want {want['sector'][1]}" if want["sector"] else None,
         want["new_key"],

@@ -267,6 +267,19 @@ def test_a_512_byte_xfs_refuses_the_sector_but_renews_an_old_key_at_512():
     assert only_sector[0] == "refused" and "mkfs.xfs -s size=4096" in only_sector[1]
 
 
+def test_below_lvm_a_pv_renews_its_key_at_its_own_sector_size_and_never_changes_it():
+    """A PV under a mounted LV keeps its sector size: a new key only, at the sector it has."""
+    old_key = reencrypt.stage(facts_of(header_of(512, "2020-01-01")), 4096, 365, TODAY, below_lvm=True)
+    assert old_key[0] == "wanted" and old_key[2] == 512 and "sector size stays" in old_key[1], old_key
+    young = reencrypt.stage(facts_of(header_of(512, "2026-11-01")), 4096, 365, TODAY, below_lvm=True)
+    assert young[0] == "refused" and "below LVM" in young[1] and "--sector-size 4096" in young[1], young
+    at_policy = reencrypt.stage(facts_of(header_of(4096, "2020-01-01")), 4096, 365, TODAY, below_lvm=True)
+    assert at_policy[0] == "wanted" and at_policy[2] == 4096, at_policy
+    assert reencrypt.stage(facts_of(header_of(4096, "2026-11-01")), 4096, 365, TODAY, below_lvm=True)[0] == (
+        "current"
+    )
+
+
 @pytest.mark.parametrize(
     "over,words",
     [
@@ -375,3 +388,8 @@ def test_a_luks_format_that_kept_the_uuid_keeps_the_backup(backed_up, keyfile):
     )
     problem = backup_problem(path, backup)
     assert (problem["rule"], problem["code"]) == ("HANA-KEY-007", "other_volume_key"), problem
+
+
+@pytest.mark.parametrize("cap,mib", [(None, 64), (0, 64), (1, 1), (4, 2), (50, 25), (1000, 64)])
+def test_a_hotzone_holds_io_about_a_second_at_most_under_a_cap(cap, mib):
+    assert reencrypt.hotzone_mib(cap) == mib

@@ -72,8 +72,8 @@ def configure_loader_modules(host, opts):
     return {states: {"__salt__": host, "__opts__": opts, "__context__": {}}}
 
 
-def apply(max_age_days=365):
-    return states.reencrypted_online("hana_data", LV, KEY, LUKS, CRYPT, max_age_days=max_age_days)
+def apply(max_age_days=365, **kwargs):
+    return states.reencrypted_online("hana_data", LV, KEY, LUKS, CRYPT, max_age_days=max_age_days, **kwargs)
 
 
 def calls(host):
@@ -97,6 +97,8 @@ def test_a_512_byte_volume_with_an_old_key_is_prepared_dated_and_handed_to_its_u
     ]
     init = ran[2]
     assert init[init.index("--key-slot") + 1] == "1" and init[init.index("--sector-size") + 1] == "4096"
+    unit = ran[4]  # cryptsetup's own checksum hotzone would hold I/O to half a volume for minutes
+    assert unit[unit.index("--hotzone-size") + 1] == f"{reencrypt.HOTZONE_MAX_MIB}M"
     assert "--init-only" in init and init[-1] == LV
     token = json.loads(calls(host)[0].kwargs["stdin"])
     assert token["type"] == "hana-storage-volume-key" and token["replaces"] == [KEY_IN_USE]
@@ -211,3 +213,12 @@ def test_a_running_re_encryption_says_how_far(host):
     ret = apply()
     assert ret["result"] is True and "37" in ret["comment"]
     host["cmd.run_all"].assert_not_called()
+
+
+def test_below_lvm_a_pv_gets_a_new_key_at_its_512_byte_sectors(host):
+    """A PV under the mounted LV: the init keeps its sector size, and the state says why."""
+    ret = apply(below_lvm=True)
+    assert ret["result"] is True and "below LVM" in ret["comment"], ret
+    init = [c.args[0] for c in calls(host) if c.args[0][:2] == ["cryptsetup", "reencrypt"]][0]
+    assert init[init.index("--sector-size") + 1] == "512"
+    assert ret["changes"]["reencrypting"]["sector_size"] == 512

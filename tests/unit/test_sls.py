@@ -205,3 +205,23 @@ def test_no_step_checks_with_unless_onlyif_or_creates():
         if re.match(r"\s*-\s*(unless|onlyif|creates)\s*:", line)
     ]
     assert not checked, checked
+
+
+def test_reencrypt_online_re_encrypts_each_pv_below_lvm_keeping_its_sector_size(tmp_path):
+    """Above LVM one step on the LV; below it one per PV, each told it is a PV (below_lvm) and
+    watching the LV's filesystem."""
+    volumes = storage()["volumes"]
+    volumes["log"]["devices"].append("/dev/mapper/mpathd")
+    for volume in volumes.values():
+        volume["reencrypt_online"] = True
+    states = luks_states(tmp_path, {"volumes": volumes, "key": {"source": "keyfile", "path": "/k"}})
+    steps = {sid: dict(kv for arg in s["hana_storage.reencrypted_online"] for kv in arg.items())
+             for sid, s in states.items() if "hana_storage.reencrypted_online" in s}  # fmt: skip
+    assert sorted(steps) == ["hana-storage-data-reencrypt-0", "hana-storage-log-reencrypt-0",
+                             "hana-storage-log-reencrypt-1"]  # fmt: skip
+    assert steps["hana-storage-data-reencrypt-0"]["below_lvm"] is False
+    assert steps["hana-storage-data-reencrypt-0"]["fs_device"] == "/dev/mapper/hana_data"
+    for index, disk in enumerate(["/dev/mapper/mpathc", "/dev/mapper/mpathd"]):
+        step = steps[f"hana-storage-log-reencrypt-{index}"]
+        assert step["below_lvm"] is True and step["device"] == disk, step
+        assert step["fs_device"] == "/dev/vg_hana_log/lv_hana_log", step

@@ -134,6 +134,7 @@ hana-storage-{{ name }}-reencrypt-{{ loop.index0 }}:
     - fs_device: {{ ('/dev/mapper/' ~ crypt.name) if above else volume.lv_path }}
     - max_age_days: {{ luks.get('volume_key_max_age_days') | json }}
     - max_mib_s: {{ hana_storage.config.get('in_place', {}).get('max_mib_s') | json }}
+    - below_lvm: {{ (not above) | json }}
     - require:
       - hana_storage: hana-storage-{{ name }}-{{ converted }}
 {%-       endif %}
