@@ -1493,7 +1493,7 @@ def _reencryption_run(device, crypt_name, unit):
         "leftovers": leftovers,
         "suspended": [n for n in [crypt_name, *leftovers] if mapped.get(n)],
         "unit": unit,
-        "running": _unit_active(unit) or _reencrypt_running({crypt_name, device, os.path.realpath(device)}),
+        "running": _unit_active(unit) or _reencrypt_running(crypt_name, device),
     }
 
 
@@ -1516,9 +1516,16 @@ def _tail_state(device, shift, size):
     return core.inplace.tail_state(head, tail)
 
 
-def _reencrypt_running(names):
-    """Does any process run ``cryptsetup reencrypt`` on one of ``names`` (its argv in /proc)?"""
-    wanted = {os.fsencode(n) for n in names}
+def _reencrypt_running(crypt_name, device):
+    """Does any process run ``cryptsetup reencrypt`` of ``device`` or of the mapping
+    ``crypt_name`` (its argv in /proc)? A device is named in argv by any path to it (a
+    /dev/disk/by-* link, the dm-N node): paths are compared by the device they open."""
+    names = {os.fsencode(crypt_name), os.fsencode(device)}
+    numbers = {_block_number(device), _block_number(f"/dev/mapper/{crypt_name}")} - {None}
+
+    def names_it(arg):
+        return arg in names or (arg.startswith(b"/") and _block_number(os.fsdecode(arg)) in numbers)
+
     for pid in _listdir("/proc"):
         if not pid.isdigit():
             continue
@@ -1531,7 +1538,7 @@ def _reencrypt_running(names):
             argv
             and os.path.basename(argv[0]) == b"cryptsetup"
             and b"reencrypt" in argv
-            and wanted & set(argv)
+            and any(names_it(arg) for arg in argv)
         ):
             return True
     return False
@@ -1543,6 +1550,16 @@ def _dev_number(path):
     except OSError:
         return None
     return f"{os.major(rdev)}:{os.minor(rdev)}"
+
+
+def _block_number(path):
+    """major:minor of the block device at ``path`` (a link followed), None for anything else
+    (a key file, an image file: their st_rdev is 0 and would match each other)."""
+    try:
+        info = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return f"{os.major(info.st_rdev)}:{os.minor(info.st_rdev)}" if stat.S_ISBLK(info.st_mode) else None
 
 
 def _unit_active(unit):
