@@ -2272,6 +2272,8 @@ def lun_grown(name, pv, key_file=None):
         if __opts__["test"]:
             return _done(ret, f"{pv} is not there yet: nothing to grow")
         return _done(ret, f"{pv} does not exist", result=False)
+    if pv != name and _under_reencryption(ret, name):  # below LVM: its mapping is cryptsetup's stack
+        return ret
     found = __salt__["hana_storage_host.lun_growth"](name, pv)
     if "error" in found or found["steps"]:  # growing, or failing: proven on reports read now
         found = _afresh("lun_growth", name, pv)

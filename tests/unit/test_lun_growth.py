@@ -178,6 +178,15 @@ def test_lun_grown_fails_when_a_command_did_not_take(salt_functions, monkeypatch
     assert ret["result"] is False and "not done" in ret["comment"], ret
 
 
+def test_below_lvm_a_lun_under_re_encryption_is_left_as_it_is(lun_host):
+    """Its mapping is cryptsetup's hotzone stack meanwhile, no crypt target on the LUN: found
+    when the VM tier re-encrypted PVs online (the state said "not an open crypt mapping")."""
+    lun_host["hana_storage_host.luks_header"].return_value = {"reencryption": {"mode": "reencrypt"}}
+    ret = states.lun_grown(MPATH, CRYPT_PV, KEY)
+    assert ret["result"] is True and "under LUKS2 re-encryption" in ret["comment"], ret
+    assert argvs_run(lun_host) == []
+
+
 def test_lun_grown_before_the_pv_exists_is_nothing_in_test_mode(salt_functions, monkeypatch, dry_run):
     monkeypatch.setattr(states.os.path, "exists", lambda path: False)
     ret = states.lun_grown(MPATH, CRYPT_PV, KEY)
