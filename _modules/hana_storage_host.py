@@ -11,6 +11,7 @@ the package ``hana_storage_core``; the stable interface is ``hana_storage``'s, w
 import contextlib
 import datetime
 import fcntl
+import itertools
 import json
 import logging
 import os
@@ -1067,6 +1068,7 @@ def facts(plan, reuse_lvm=False):
         "crypto_drivers": _crypto_drivers(devices),
         "disks": {n: sorted(_kernel_name(d) for d in v["devices"]) for n, v in plan["volumes"].items()},
         "in_place": _in_place_progress(plan),
+        "reencrypting": _reencryptions_running(plan, devices),
         "today": datetime.date.today().isoformat(),  # the volume keys' cryptoperiod (HANA-KEY-010)
     }
 
@@ -1091,6 +1093,19 @@ def _in_place_progress(plan):
             "progress": core.inplace.last_progress(_unit_output(unit)),
         }
     return found
+
+
+def _reencryptions_running(plan, devices):
+    """{crypt name: does its re-encryption run} for the plan's crypt devices whose stack holds
+    cryptsetup's hotzone or overlay devices (the unit, or cryptsetup by hand); asked only then."""
+    names = [d["dm_name"] for d in devices.values() if d.get("dm_name")]
+    return {
+        crypt["name"]: _unit_active(core.inplace.unit_name(crypt["name"]))
+        or _reencrypt_running(crypt["name"], crypt["device"])
+        for volume in plan["volumes"].values()
+        for crypt in volume["crypt"]
+        if core.inplace.leftovers(crypt["name"], names)
+    }
 
 
 def _closed_headers(plan, devices):
@@ -1444,8 +1459,8 @@ def reencrypt_facts(device, crypt_name, key_file, fs_device):
 
     ``header`` (the parsed header, or None when the device has no LUKS header), ``mapped``,
     ``leftovers``, ``suspended``, ``unit``, ``running`` and ``progress`` (as in_place_facts),
-    ``fs_sector`` (the sector size of the XFS on ``fs_device``: the crypt device above LVM, the
-    volume's LV below it; None when not read), ``keyslot`` (the lowest keyslot the key in
+    ``fs_sector`` (the sector size of the XFS on ``fs_device``: the crypt device above LVM; None
+    when not read, or ``fs_device`` is None), ``keyslot`` (the lowest keyslot the key in
     ``key_file`` opens, None for none).
 
     CLI Example:
@@ -1471,7 +1486,7 @@ def reencrypt_facts(device, crypt_name, key_file, fs_device):
         return facts
     if facts["running"] or facts["header"].get("reencryption"):
         facts["progress"] = core.inplace.last_progress(_unit_output(unit))
-    if not facts["suspended"]:  # a read through a suspended device would hang
+    if fs_device and not facts["suspended"]:  # a read through a suspended device would hang
         with contextlib.suppress(CommandExecutionError):
             facts["fs_sector"] = xfs_superblock(fs_device)["sectsize"]
     if not facts["header"].get("reencryption"):
@@ -1516,40 +1531,47 @@ def _tail_state(device, shift, size):
     return core.inplace.tail_state(head, tail)
 
 
+# cryptsetup's options whose value is a file, never the device: not stat'ed (a key on a dead
+# NFS mount would hold every apply and the beacon)
+_CRYPTSETUP_FILE_OPTIONS = frozenset(
+    {b"-d", b"--key-file", b"--header", b"--header-backup-file", b"--volume-key-file", b"--master-key-file"}
+)
+
+
 def _reencrypt_running(crypt_name, device):
     """Does any process run ``cryptsetup reencrypt`` of ``device`` or of the mapping
     ``crypt_name`` (its argv in /proc)? A device is named in argv by any path to it (a
-    /dev/disk/by-* link, the dm-N node): paths are compared by the device they open."""
+    /dev/disk/by-* link, the dm-N node, a path relative to the process's directory): paths
+    are compared by the block device they open."""
     names = {os.fsencode(crypt_name), os.fsencode(device)}
     numbers = {_block_number(device), _block_number(f"/dev/mapper/{crypt_name}")} - {None}
 
-    def names_it(arg):
-        return arg in names or (arg.startswith(b"/") and _block_number(os.fsdecode(arg)) in numbers)
+    def names_it(pid, arg, option):
+        if arg in names:
+            return True
+        if not arg or arg.startswith(b"-") or option in _CRYPTSETUP_FILE_OPTIONS:
+            return False
+        path = (
+            os.fsdecode(arg) if arg.startswith(b"/") else os.path.join(f"/proc/{pid}/cwd", os.fsdecode(arg))
+        )
+        return _block_number(path) in numbers
 
     for pid in _listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as handle:
-                argv = handle.read(4096).split(b"\0")
+                argv = handle.read().split(b"\0")  # bounded by ARG_MAX; the device comes last
         except OSError:
             continue
         if (
             argv
             and os.path.basename(argv[0]) == b"cryptsetup"
             and b"reencrypt" in argv
-            and any(names_it(arg) for arg in argv)
+            and any(names_it(pid, arg, option) for option, arg in itertools.pairwise(argv))
         ):
             return True
     return False
-
-
-def _dev_number(path):
-    try:
-        rdev = os.stat(path).st_rdev
-    except OSError:
-        return None
-    return f"{os.major(rdev)}:{os.minor(rdev)}"
 
 
 def _block_number(path):

@@ -752,11 +752,15 @@ def reencrypted_online(
         At most this many MiB/s read and written by the unit (hana:storage:in_place).
     below_lvm
         ``device`` is one of the volume's PVs: it gets a new volume key, its sector size stays
-        (each PV's re-encryption runs in a unit of its own, side by side).
+        (each PV's re-encryption runs in a unit of its own, side by side, each with its share
+        of the volume's ``max_mib_s``). The LV is not read: a sibling PV a killed run left
+        suspended would hold the read.
     """
     ret = _ret(name)
-    try:
-        facts = __salt__["hana_storage_host.reencrypt_facts"](device, name, key_file, fs_device)
+    try:  # below LVM the sector size stays: the LV, on the sibling PVs too, is not read
+        facts = __salt__["hana_storage_host.reencrypt_facts"](
+            device, name, key_file, None if below_lvm else fs_device
+        )
     except CommandExecutionError as error:
         return _done(ret, f"cannot tell where the re-encryption of {device} stands: {error}", result=False)
     today = datetime.date.today()  # one day for the decision, the new token and those it drops

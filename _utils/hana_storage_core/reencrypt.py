@@ -193,8 +193,9 @@ def wants(header, policy_sector, fs_sector, max_age_days, today, below_lvm=False
         if below_lvm:
             result["refused"] = (
                 f"below LVM its {current}-byte sectors would change to {policy_sector} under the mounted LV, "
-                "which the formula does not do: re-encrypt each PV by hand with the LV unmounted "
-                f"(cryptsetup reencrypt --sector-size {policy_sector})"
+                "which the formula does not do: re-encrypt each PV by hand with the LV unmounted, to "
+                "a sector size no larger than the XFS's (xfs_info: sectsz; a larger one needs the "
+                f"filesystem made anew, mkfs.xfs -s size={policy_sector}, from a backup)"
             )
         elif fs_sector and fs_sector < policy_sector:
             result["refused"] = (

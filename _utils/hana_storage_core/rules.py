@@ -784,7 +784,20 @@ class VolumeAudit:
             )
 
     def _health_rules(self, info):
-        suspended = [self.devices[n]["path"] for n in info["devices"] if self.devices[n]["suspended"]]
+        # a running re-encryption suspends its hotzone device while it works on it (about a
+        # second: reencrypt.hotzone_mib); one nothing runs any more left it frozen
+        names = [d["dm_name"] for d in self.devices.values() if d.get("dm_name")]
+        working = {
+            n
+            for crypt, running in self.facts.get("reencrypting", {}).items()
+            if running
+            for n in inplace.leftovers(crypt, names)
+        }
+        suspended = [
+            self.devices[n]["path"]
+            for n in info["devices"]
+            if self.devices[n]["suspended"] and self.devices[n].get("dm_name") not in working
+        ]
         missing = []
         for name in info["devices"]:
             for segment in self.devices[name]["table"]:

@@ -83,7 +83,7 @@ def pv1(make_luks):
 def test_a_pv_s_facts_read_the_lv_through_a_sibling_pv_left_suspended_by_a_killed_run(
     pv1, keyfile, monkeypatch
 ):
-    """HOLE [hang of the apply, uninterruptible]: below LVM, reencrypt_facts of PV 1 reads the XFS
+    """HOLE (fixed) [hang of the apply, uninterruptible]: below LVM, reencrypt_facts of PV 1 reads the XFS
     superblock of fs_device (the LV) whenever *its own* stack (hana_log_1 and its leftovers) is
     not suspended (_modules/hana_storage_host.py::reencrypt_facts, `if not facts["suspended"]`).
     The LV also sits on PV 0: after a kill of PV 0's unit, hana_log_0 and its hotzone stay
@@ -107,7 +107,7 @@ def test_a_pv_s_facts_read_the_lv_through_a_sibling_pv_left_suspended_by_a_kille
 
 
 def test_side_by_side_pv_units_multiply_the_volume_s_bandwidth_cap(tmp_path, monkeypatch):
-    """HOLE [performance: HANA starved]: in_place:max_mib_s is "at most this many MiB/s read and
+    """HOLE (fixed) [performance: HANA starved]: in_place:max_mib_s is "at most this many MiB/s read and
     written by the encryption of each volume" (schema.json), README: the unit is "capped by
     in_place:max_mib_s". Below LVM luks.sls hands every PV's reencrypt-<i> the whole cap and
     each PV's unit runs side by side with IOReadBandwidthMax/IOWriteBandwidthMax=<its PV> <cap>:
@@ -150,7 +150,7 @@ def test_side_by_side_pv_units_multiply_the_volume_s_bandwidth_cap(tmp_path, mon
 
 
 def test_below_lvm_the_sector_refusal_advises_a_sector_the_lv_s_xfs_cannot_mount_on():
-    """HOLE [availability, by advice]: below LVM a PV with 512-byte sectors (policy 4096) is
+    """HOLE (fixed) [availability, by advice]: below LVM a PV with 512-byte sectors (policy 4096) is
     refused with "re-encrypt each PV by hand with the LV unmounted (cryptsetup reencrypt
     --sector-size 4096)" (reencrypt.wants, below_lvm branch), whatever the XFS on the LV has:
     the below_lvm branch comes before the fs_sector check. With a 512-byte-sector XFS (what a

@@ -52,7 +52,7 @@ def stop(proc):
 
 
 def test_a_hand_run_naming_the_device_by_a_relative_path_reads_as_not_running(tmp_path):
-    """HOLE [two writers on one header / a unit started beside a hand run]: _reencrypt_running
+    """HOLE (fixed) [two writers on one header / a unit started beside a hand run]: _reencrypt_running
     compares only absolute argv paths (`arg.startswith(b"/")`) by block number. An admin in
     /dev/disk/by-id who runs `cryptsetup reencrypt ... wwn-0x...` (cryptsetup resolves it against
     its cwd) is not seen: the state reads "paused" and starts its unit beside the hand run (the
@@ -69,7 +69,7 @@ def test_a_hand_run_naming_the_device_by_a_relative_path_reads_as_not_running(tm
 
 
 def test_the_argv_of_a_hand_run_is_stat_ed_wherever_it_points(tmp_path, monkeypatch):
-    """HOLE (low) [hang of the apply]: every absolute argv word of any `cryptsetup reencrypt` on the
+    """HOLE (fixed, low) [hang of the apply]: every absolute argv word of any `cryptsetup reencrypt` on the
     host is os.stat()-ed by the minion (_block_number), key files and header files included: a
     hand run with `--key-file /net/vault/key` on an autofs/NFS mount whose server is gone makes
     the stat (so reencrypt_facts, every apply, the beacon) block. Only the device words can name
@@ -109,7 +109,7 @@ def test_odd_argv_words_are_neither_an_exception_nor_a_match(tmp_path):
 
 
 def test_a_device_word_past_the_first_4096_bytes_of_argv_is_not_seen(tmp_path):
-    """HOLE (low) [a unit started beside a hand run]: _reencrypt_running reads only the first 4096
+    """HOLE (fixed, low) [a unit started beside a hand run]: _reencrypt_running reads only the first 4096
     bytes of /proc/<pid>/cmdline (`handle.read(4096)`), and cryptsetup's device word comes last:
     a hand run whose options take more room (long paths, a --key-description, many --token-id)
     reads as not running. Fix: read the whole cmdline (it is bounded by ARG_MAX; read until EOF)."""

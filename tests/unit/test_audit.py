@@ -1047,3 +1047,22 @@ def test_a_volume_key_past_its_cryptoperiod_or_of_unknown_age_is_key_010(make_lu
     assert key_010() == [("/dev/mapper/hana_data", 366)]
     facts["today"] = "not a date"
     assert key_010() == []
+
+
+def test_a_hotzone_a_running_re_encryption_holds_is_no_finding_and_a_frozen_one_is_layout_004():
+    """cryptsetup suspends its hotzone device while it re-encrypts that part (about a second,
+    reencrypt.hotzone_mib): an audit that lands then saw HANA-LAYOUT-004 "I/O stalls" on a
+    healthy volume (the VM tier, below LVM). While the re-encryption runs it is no finding;
+    once nothing runs it, it is the frozen I/O of a killed cryptsetup."""
+    facts = compliant()
+    hotzone = {**facts["devices"]["dm-2"], "name": "dm-9", "dev": "253:9", "kind": "linear",
+               "dm_name": "hana_log_0-hotzone-forward", "path": "/dev/mapper/hana_log_0-hotzone-forward",
+               "dm_uuid": "CRYPT-SUBDEV-x", "suspended": True, "holders": ["dm-2"], "table": []}  # fmt: skip
+    facts["devices"]["dm-9"] = hotzone
+    facts["devices"]["dm-2"]["slaves"] = ["vdc", "dm-9"]
+    plan = plan_of(PILLAR)
+    facts["reencrypting"] = {"hana_log_0": True}
+    assert "HANA-LAYOUT-004" not in {f["rule"] for f in rules.audit(plan, facts)["findings"]}
+    facts["reencrypting"] = {"hana_log_0": False}
+    frozen = [f for f in rules.audit(plan, facts)["findings"] if f["rule"] == "HANA-LAYOUT-004"]
+    assert [f["actual"] for f in frozen] == [["suspended: /dev/mapper/hana_log_0-hotzone-forward"]], frozen

@@ -272,7 +272,7 @@ def test_below_lvm_a_pv_renews_its_key_at_its_own_sector_size_and_never_changes_
     old_key = reencrypt.stage(facts_of(header_of(512, "2020-01-01")), 4096, 365, TODAY, below_lvm=True)
     assert old_key[0] == "wanted" and old_key[2] == 512 and "sector size stays" in old_key[1], old_key
     young = reencrypt.stage(facts_of(header_of(512, "2026-11-01")), 4096, 365, TODAY, below_lvm=True)
-    assert young[0] == "refused" and "below LVM" in young[1] and "--sector-size 4096" in young[1], young
+    assert young[0] == "refused" and "below LVM" in young[1] and "mkfs.xfs -s size=4096" in young[1], young
     at_policy = reencrypt.stage(facts_of(header_of(4096, "2020-01-01")), 4096, 365, TODAY, below_lvm=True)
     assert at_policy[0] == "wanted" and at_policy[2] == 4096, at_policy
     assert reencrypt.stage(facts_of(header_of(4096, "2026-11-01")), 4096, 365, TODAY, below_lvm=True)[0] == (

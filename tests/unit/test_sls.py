@@ -225,3 +225,20 @@ def test_reencrypt_online_re_encrypts_each_pv_below_lvm_keeping_its_sector_size(
         step = steps[f"hana-storage-log-reencrypt-{index}"]
         assert step["below_lvm"] is True and step["device"] == disk, step
         assert step["fs_device"] == "/dev/vg_hana_log/lv_hana_log", step
+        assert step["max_mib_s"] is None, step
+
+
+@pytest.mark.parametrize("cap,data,log", [(100, 100, 50), (1, 1, 1), (3, 3, 1)])
+def test_below_lvm_the_pvs_units_share_the_volumes_cap(tmp_path, cap, data, log):
+    volumes = storage()["volumes"]
+    volumes["log"]["devices"].append("/dev/mapper/mpathd")
+    for volume in volumes.values():
+        volume["reencrypt_online"] = True
+    states = luks_states(
+        tmp_path,
+        {"volumes": volumes, "key": {"source": "keyfile", "path": "/k"}, "in_place": {"max_mib_s": cap}},
+    )
+    caps = {sid: dict(kv for arg in s["hana_storage.reencrypted_online"] for kv in arg.items())["max_mib_s"]
+            for sid, s in states.items() if "hana_storage.reencrypted_online" in s}  # fmt: skip
+    assert caps == {"hana-storage-data-reencrypt-0": data, "hana-storage-log-reencrypt-0": log,
+                    "hana-storage-log-reencrypt-1": log}  # fmt: skip

@@ -133,7 +133,9 @@ hana-storage-{{ name }}-reencrypt-{{ loop.index0 }}:
     - luks: {{ luks | json }}
     - fs_device: {{ ('/dev/mapper/' ~ crypt.name) if above else volume.lv_path }}
     - max_age_days: {{ luks.get('volume_key_max_age_days') | json }}
-    - max_mib_s: {{ hana_storage.config.get('in_place', {}).get('max_mib_s') | json }}
+{%-         set cap = hana_storage.config.get('in_place', {}).get('max_mib_s') %}
+    {#- below LVM the PVs' units run side by side: each gets its share of the volume's cap #}
+    - max_mib_s: {{ (([(cap // volume.crypt | length) | int, 1] | max) if cap else none) | json }}
     - below_lvm: {{ (not above) | json }}
     - require:
       - hana_storage: hana-storage-{{ name }}-{{ converted }}
