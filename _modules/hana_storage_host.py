@@ -1040,7 +1040,10 @@ def facts(plan, reuse_lvm=False):
     for name in tops - {None}:
         # a read through a suspended device would block until it is resumed
         if any(devices[n]["suspended"] for n in core.stack.stack(devices, name)):
-            superblocks[name] = {"error": "not read: a device of the stack is suspended"}
+            superblocks[name] = {
+                "error": "not read: a device of the stack is suspended",
+                "unread": "suspended",
+            }
         else:
             superblocks[name] = _superblock_of(name)
     for mount in mounts:  # a mounted XFS's size: its own, not the superblock's copy on the device

@@ -192,7 +192,7 @@ def test_the_apply_re_encrypts_online_with_nothing_unmounted(vm):
     alarms = [
         f for f in audit["findings"] if f["rule"] == "HANA-ENC-001" or f["rule"].startswith("HANA-LAYOUT-")
     ]
-    assert not alarms, alarms
+    assert not alarms, [f["message"] for f in alarms]
 
 
 def test_a_killed_re_encryption_changes_nothing_and_names_the_reboot(vm):
