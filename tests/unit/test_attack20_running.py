@@ -38,7 +38,7 @@ def stand_in(args, cwd=None):
     """A process whose argv is ``cryptsetup <args>`` (a shell sleeping under that name)."""
     args = [os.fsencode(a) for a in args]
     proc = subprocess.Popen([b"cryptsetup", b"-c", b"sleep 30; true", *args], executable="/bin/sh", cwd=cwd)
-    for _ in range(200):  # until its argv is the one given
+    for _ in range(1000):  # until its argv is the one given (up to 10 s on a busy machine)
         with open(f"/proc/{proc.pid}/cmdline", "rb") as handle:
             if args[-1] in handle.read():
                 break
