@@ -200,15 +200,17 @@ def stage(facts):
     return "paused", "is being encrypted, open, and nothing runs the encryption"
 
 
+def reencryption_stack(crypt_name):
+    """The devices cryptsetup puts under the mapping ``crypt_name`` while it re-encrypts it
+    online (lib/luks2/luks2_reencrypt.c): ``<name>-hotzone-forward|backward``, ``<name>-overlay``.
+    They hold the device the mapping is on meanwhile."""
+    return frozenset(f"{crypt_name}-{part}" for part in ("overlay", "hotzone-forward", "hotzone-backward"))
+
+
 def leftovers(crypt_name, dm_names):
-    """The devices a killed online re-encryption of ``crypt_name`` left (lib/luks2/
-    luks2_reencrypt.c names them ``<name>-hotzone-forward|backward`` and ``<name>-overlay``)."""
-    prefix = f"{crypt_name}-"
-    return sorted(
-        n
-        for n in dm_names
-        if n == f"{prefix}overlay" or n in (f"{prefix}hotzone-forward", f"{prefix}hotzone-backward")
-    )
+    """The devices of ``crypt_name``'s re-encryption stack among ``dm_names``: while it runs, or
+    what a killed run left."""
+    return sorted(set(dm_names) & reencryption_stack(crypt_name))
 
 
 def parse_progress(line):

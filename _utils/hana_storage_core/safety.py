@@ -17,6 +17,8 @@ but the pillar allows formatting this device) or ``refuse`` (nothing is touched)
 made on ``code``; ``reason`` is for people.
 """
 
+from .inplace import reencryption_stack
+
 # Codes a wipe can never follow, whatever allow_format says: the device is live, absent, or
 # what is on it is not known (a key test that failed is not "the key does not open it"; a PV
 # whose volume group LVM did not report may be one of this volume's own).
@@ -52,6 +54,12 @@ def lvm_sees_paths_reason(paths):
     )
 
 
+def _with_reencryption(own_holders):
+    """The plan's own holders of a device, and while one of them is re-encrypted online, the
+    hotzone and overlay devices cryptsetup puts under it on that device."""
+    return set(own_holders).union(*(reencryption_stack(name) for name in own_holders))
+
+
 def _verdict(device, verdict, code, reason):
     return {"device": device, "verdict": verdict, "code": code, "reason": reason}
 
@@ -85,7 +93,7 @@ def _foreign_disk(volume, probe):
         return "mounted", f"in use: mounted at {', '.join(probe['mountpoints'])}"
     above = volume["encryption"] == "above_lvm"
     own_holders = {f"{volume['lv_dm_name']}"} if above else {c["name"] for c in volume["crypt"]}
-    alien = [h for h in probe.get("holders", []) if h not in own_holders]
+    alien = [h for h in probe.get("holders", []) if h not in _with_reencryption(own_holders)]
     if alien:
         return "held", f"in use by {', '.join(alien)}"
     if above and probe.get("lvm_sees_paths", []) != []:  # None: not known, and unknown is not fine
@@ -193,7 +201,7 @@ def layer_verdict(layer, probe, may_wipe, own_holders=(), own_vg=None, created_n
     """
     device = probe["device"]
     types = [s["type"] for s in probe.get("signatures", [])]
-    alien = [h for h in probe.get("holders", []) if h not in own_holders]
+    alien = [h for h in probe.get("holders", []) if h not in _with_reencryption(own_holders)]
     finished_xfs = types == ["xfs"] and not (probe.get("xfs") or {}).get("inprogress")
     # live: never formatted or wiped, whatever the pillar allows; only an XFS already made (and
     # mounted by the formula, or by hand) is used as it is

@@ -104,6 +104,22 @@ CASES = [
         "open as hana_data_0",
     ),
     (
+        # re-encrypted online: cryptsetup's hotzone and overlay devices hold the disk (the VM tier
+        # saw the guard refuse the volume at each apply while they ran)
+        "our-luks-reencrypting",
+        "below_lvm",
+        {"signatures": sig("crypto_LUKS"), "holders": ["hana_data_0-hotzone-forward", "hana_data_0-overlay"]},
+        "use",
+        "open as hana_data_0",
+    ),
+    (
+        "other-luks-reencrypting",
+        "below_lvm",
+        {"signatures": sig("crypto_LUKS"), "holders": ["other-hotzone-forward"]},
+        "refuse",
+        "in use by other-hotzone-forward",
+    ),
+    (
         "foreign-luks",
         "below_lvm",
         {"signatures": sig("crypto_LUKS"), "key_opens": False},
