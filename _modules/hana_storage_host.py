@@ -1534,6 +1534,7 @@ def _tail_state(device, shift, size):
     return core.inplace.tail_state(head, tail)
 
 
+DEVICE_ROOT = "/dev/"  # where a device a relative argv word names can be
 # cryptsetup's options whose value is a file, never the device: not stat'ed (a key on a dead
 # NFS mount would hold every apply and the beacon)
 _CRYPTSETUP_FILE_OPTIONS = frozenset(
@@ -1543,37 +1544,45 @@ _CRYPTSETUP_FILE_OPTIONS = frozenset(
 
 def _reencrypt_running(crypt_name, device):
     """Does any process run ``cryptsetup reencrypt`` of ``device`` or of the mapping
-    ``crypt_name`` (its argv in /proc)? A device is named in argv by any path to it (a
-    /dev/disk/by-* link, the dm-N node, a path relative to the process's directory): paths
-    are compared by the block device they open."""
+    ``crypt_name``? A device is named in argv by any path to it (a /dev/disk/by-* link, the dm-N
+    node, a path relative to the process's directory under /dev): paths are compared by the
+    block device they open. Asked while a re-encryption's stack exists, maybe frozen, so nothing
+    here may block on it: processes are picked by /proc/<pid>/comm (reading a cmdline takes the
+    process's memory lock, which a thread faulting on the frozen volume holds), and nothing is
+    stat'ed but a word that may name a device (a relative one only under /dev). A stopped
+    cryptsetup (Ctrl-Z) runs nothing: its hotzone waits."""
     names = {os.fsencode(crypt_name), os.fsencode(device)}
     numbers = {_block_number(device), _block_number(f"/dev/mapper/{crypt_name}")} - {None}
-
-    def names_it(pid, arg, option):
-        if arg in names:
-            return True
-        if not arg or arg.startswith(b"-") or option in _CRYPTSETUP_FILE_OPTIONS:
-            return False
-        path = (
-            os.fsdecode(arg) if arg.startswith(b"/") else os.path.join(f"/proc/{pid}/cwd", os.fsdecode(arg))
-        )
-        return _block_number(path) in numbers
-
     for pid in _listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
+            with open(f"/proc/{pid}/comm", "rb") as handle:
+                if handle.read().strip() != b"cryptsetup":
+                    continue
+            with open(f"/proc/{pid}/stat", "rb") as handle:
+                if handle.read().rsplit(b")", 1)[1].split()[0] in (b"T", b"t"):
+                    continue
             with open(f"/proc/{pid}/cmdline", "rb") as handle:
                 argv = handle.read().split(b"\0")  # bounded by ARG_MAX; the device comes last
-        except OSError:
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+        except (OSError, IndexError):
             continue
-        if (
-            argv
-            and os.path.basename(argv[0]) == b"cryptsetup"
-            and b"reencrypt" in argv
-            and any(names_it(pid, arg, option) for option, arg in itertools.pairwise(argv))
-        ):
+        if b"reencrypt" not in argv:
+            continue
+        if names & set(argv):
             return True
+        for option, arg in itertools.pairwise(argv):
+            if not arg or arg.startswith(b"-") or option in _CRYPTSETUP_FILE_OPTIONS:
+                continue
+            if arg.startswith(b"/"):
+                path = os.fsdecode(arg)
+            else:
+                path = os.path.join(cwd, os.fsdecode(arg))
+                if not path.startswith(DEVICE_ROOT):
+                    continue
+            if _block_number(path) in numbers:
+                return True
     return False
 
 
@@ -2021,6 +2030,7 @@ def probe(devices, key_file=None):
         if "crypto_LUKS" in types:
             header = _header_of(name)
             result["luks"] = {k: header.get(k) for k in ("version", "uuid", "error") if k in header}
+            result["luks"]["reencryption"] = bool(header.get("reencryption"))
             if isinstance(header.get("keyslots"), list):
                 result["luks"]["keyslots"] = len(header["keyslots"])
             if result["luks"].get("keyslots") == 0 and isinstance(header.get("uuid"), str):

@@ -785,14 +785,16 @@ class VolumeAudit:
 
     def _health_rules(self, info):
         # a running re-encryption suspends its hotzone device while it works on it (about a
-        # second: reencrypt.hotzone_mib); one nothing runs any more left it frozen
-        names = [d["dm_name"] for d in self.devices.values() if d.get("dm_name")]
-        working = {
-            n
-            for crypt, running in self.facts.get("reencrypting", {}).items()
-            if running
-            for n in inplace.leftovers(crypt, names)
-        }
+        # second: reencrypt.hotzone_mib); one nothing runs any more left it frozen. Only the
+        # stack under this volume's own running crypt is cryptsetup's, never a crypt of the plan.
+        running = {c for c, up in self.facts.get("reencrypting", {}).items() if up}
+        plan_crypts = {c["name"] for v in self.plan.get("volumes", {}).values() for c in v.get("crypt", [])}
+        working = set()
+        for name in info["devices"]:
+            crypt = self.devices[name].get("dm_name")
+            if crypt in running:
+                below = {self.devices[n].get("dm_name") for n in stack.stack(self.devices, name)}
+                working |= (below & inplace.reencryption_stack(crypt)) - plan_crypts
         suspended = [
             self.devices[n]["path"]
             for n in info["devices"]

@@ -54,10 +54,15 @@ def lvm_sees_paths_reason(paths):
     )
 
 
-def _with_reencryption(own_holders):
-    """The plan's own holders of a device, and while one of them is re-encrypted online, the
-    hotzone and overlay devices cryptsetup puts under it on that device."""
-    return set(own_holders).union(*(reencryption_stack(name) for name in own_holders))
+def _with_reencryption(crypt_names, probe):
+    """The plan's crypt mappings that may hold the probed device, and, while its LUKS2 header
+    says it is re-encrypted (cryptsetup's own mark, which a name cannot forge), the hotzone and
+    overlay devices cryptsetup puts under them on it. Only crypt mappings get such a stack: a
+    holder named after an LV is someone else's."""
+    names = set(crypt_names)
+    if (probe.get("luks") or {}).get("reencryption"):
+        names = names.union(*(reencryption_stack(name) for name in crypt_names))
+    return names
 
 
 def _verdict(device, verdict, code, reason):
@@ -92,8 +97,10 @@ def _foreign_disk(volume, probe):
     if probe.get("mountpoints"):
         return "mounted", f"in use: mounted at {', '.join(probe['mountpoints'])}"
     above = volume["encryption"] == "above_lvm"
-    own_holders = {f"{volume['lv_dm_name']}"} if above else {c["name"] for c in volume["crypt"]}
-    alien = [h for h in probe.get("holders", []) if h not in _with_reencryption(own_holders)]
+    own_holders = (
+        {volume["lv_dm_name"]} if above else _with_reencryption([c["name"] for c in volume["crypt"]], probe)
+    )
+    alien = [h for h in probe.get("holders", []) if h not in own_holders]
     if alien:
         return "held", f"in use by {', '.join(alien)}"
     if above and probe.get("lvm_sees_paths", []) != []:  # None: not known, and unknown is not fine
@@ -201,7 +208,8 @@ def layer_verdict(layer, probe, may_wipe, own_holders=(), own_vg=None, created_n
     """
     device = probe["device"]
     types = [s["type"] for s in probe.get("signatures", [])]
-    alien = [h for h in probe.get("holders", []) if h not in _with_reencryption(own_holders)]
+    own = _with_reencryption(own_holders, probe) if layer == "luks" else set(own_holders)
+    alien = [h for h in probe.get("holders", []) if h not in own]
     finished_xfs = types == ["xfs"] and not (probe.get("xfs") or {}).get("inprogress")
     # live: never formatted or wiped, whatever the pillar allows; only an XFS already made (and
     # mounted by the formula, or by hand) is used as it is

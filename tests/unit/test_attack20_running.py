@@ -4,8 +4,10 @@ Tests whose docstring starts with "HOLE" fail on the code they were written agai
 
 import importlib.util
 import os
+import pathlib
 import stat
 import subprocess
+import tempfile
 import time
 
 import pytest
@@ -34,10 +36,16 @@ def block_node(path, minor=201):
     return path
 
 
+SHELL_NAMED_CRYPTSETUP = pathlib.Path(tempfile.mkdtemp(prefix="attack20-")) / "cryptsetup"
+SHELL_NAMED_CRYPTSETUP.symlink_to("/bin/sh")  # its comm is the name it was started by
+
+
 def stand_in(args, cwd=None):
-    """A process whose argv is ``cryptsetup <args>`` (a shell sleeping under that name)."""
+    """A process whose argv and comm are ``cryptsetup <args>`` (a shell sleeping under that name)."""
     args = [os.fsencode(a) for a in args]
-    proc = subprocess.Popen([b"cryptsetup", b"-c", b"sleep 30; true", *args], executable="/bin/sh", cwd=cwd)
+    proc = subprocess.Popen(
+        [b"cryptsetup", b"-c", b"sleep 30; true", *args], executable=str(SHELL_NAMED_CRYPTSETUP), cwd=cwd
+    )
     for _ in range(1000):  # until its argv is the one given (up to 10 s on a busy machine)
         with open(f"/proc/{proc.pid}/cmdline", "rb") as handle:
             if args[-1] in handle.read():
@@ -51,7 +59,7 @@ def stop(proc):
     proc.wait()
 
 
-def test_a_hand_run_naming_the_device_by_a_relative_path_reads_as_not_running(tmp_path):
+def test_a_hand_run_naming_the_device_by_a_relative_path_reads_as_not_running(tmp_path, monkeypatch):
     """HOLE (fixed) [two writers on one header / a unit started beside a hand run]: _reencrypt_running
     compares only absolute argv paths (`arg.startswith(b"/")`) by block number. An admin in
     /dev/disk/by-id who runs `cryptsetup reencrypt ... wwn-0x...` (cryptsetup resolves it against
@@ -61,6 +69,7 @@ def test_a_hand_run_naming_the_device_by_a_relative_path_reads_as_not_running(tm
     (os.path.join(f"/proc/{pid}/cwd", arg)) before taking its block number."""
     device = block_node(tmp_path / "lv")
     (tmp_path / "key").write_bytes(b"k")
+    monkeypatch.setattr(host, "DEVICE_ROOT", str(tmp_path))  # as /dev/disk/by-id would be
     proc = stand_in(["reencrypt", "--key-file", "key", "lv"], cwd=tmp_path)
     try:
         assert host._reencrypt_running(NAME, str(device)) is True

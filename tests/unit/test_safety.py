@@ -108,7 +108,11 @@ CASES = [
         # saw the guard refuse the volume at each apply while they ran)
         "our-luks-reencrypting",
         "below_lvm",
-        {"signatures": sig("crypto_LUKS"), "holders": ["hana_data_0-hotzone-forward", "hana_data_0-overlay"]},
+        {
+            "signatures": sig("crypto_LUKS"),
+            "luks": {"version": 2, "keyslots": 2, "reencryption": True},
+            "holders": ["hana_data_0-hotzone-forward", "hana_data_0-overlay"],
+        },  # fmt: skip
         "use",
         "open as hana_data_0",
     ),
