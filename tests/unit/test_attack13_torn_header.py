@@ -199,7 +199,7 @@ def test_holds_a_header_whose_secondary_copy_is_intact_is_never_unfinished(tmp_p
     (degraded, one keyslot), no error, no format_began; the stale mark is not consulted."""
     formatted[luks.BINARY_HEADER_SIZE + 512 : luks.BINARY_HEADER_SIZE + 1024] = bytes(512)
     probe = host_over(tmp_path, monkeypatch, formatted).probe([DEVICE])[DEVICE]
-    assert probe["luks"] == {"version": 2, "uuid": UUID, "keyslots": 1}
+    assert probe["luks"] == {"version": 2, "uuid": UUID, "keyslots": 1, "reencryption": False}
     assert not safety.unfinished_luks(probe)
     assert verdicts(probe) == ("refuse", "refuse")  # key_not_tested: no key file given
 
