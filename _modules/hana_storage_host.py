@@ -1428,7 +1428,7 @@ def in_place_facts(device, crypt_name, mountpoint, shift=None):
     live = mounted_at(mountpoint)
     if live:
         crypt = f"/dev/mapper/{crypt_name}"
-        ours = {"device": _dev_number(device), "crypt": _dev_number(crypt) if facts["mapped"] else None}
+        ours = {"device": _block_number(device), "crypt": _block_number(crypt) if facts["mapped"] else None}
         facts["mounted_from"] = next((k for k, v in ours.items() if v == live), "other")
         facts["users"] = _processes_using(live)
     no_date = (

@@ -121,3 +121,25 @@ def test_closed_a_running_encryption_says_its_progress_and_touches_nothing(host)
     ret = apply()
     assert ret["result"] is True and "started, no progress" in ret["comment"]
     host["cmd.run_all"].assert_not_called()
+
+
+def test_the_facts_of_a_mounted_volume_say_what_it_is_mounted_from(module, monkeypatch, tmp_path):  # noqa: F811
+    """in_place_facts compares the mount's device number with the LV's and the crypt mapping's:
+    a helper it used was lost in a refactor and every in-place apply raised (the VM tier), which
+    no unit test reached. The LV is a block node here; the mount table says it is mounted."""
+    import os
+    import stat
+
+    lv = tmp_path / "lv"
+    try:
+        os.mknod(lv, stat.S_IFBLK | 0o600, os.makedev(7, 203))
+    except PermissionError:
+        pytest.skip("no CAP_MKNOD here")
+    monkeypatch.setattr(module, "_blkid", lambda device: ([{"type": "ext4"}], None))
+    monkeypatch.setattr(module, "_reencryption_run", lambda device, name, unit: {
+        "mapped": False, "leftovers": [], "suspended": [], "unit": unit, "running": False})  # fmt: skip
+    monkeypatch.setattr(module, "block_bytes", lambda device: 1 << 30)
+    monkeypatch.setattr(module, "mounted_at", lambda mountpoint: "7:203")
+    monkeypatch.setattr(module, "_processes_using", lambda dev: [{"pid": 1, "comm": "hdbindexserver"}])
+    facts = module.in_place_facts(str(lv), "hana_data", "/hana/data")
+    assert facts["mounted_from"] == "device" and facts["users"] == [{"pid": 1, "comm": "hdbindexserver"}]
