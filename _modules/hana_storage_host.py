@@ -1103,8 +1103,7 @@ def _reencryptions_running(plan, devices):
     cryptsetup's hotzone or overlay devices (the unit, or cryptsetup by hand); asked only then."""
     names = [d["dm_name"] for d in devices.values() if d.get("dm_name")]
     return {
-        crypt["name"]: _unit_active(core.inplace.unit_name(crypt["name"]))
-        or _reencrypt_running(crypt["name"], crypt["device"])
+        crypt["name"]: _reencryption_runs(crypt["name"], crypt["device"])
         for volume in plan["volumes"].values()
         for crypt in volume["crypt"]
         if core.inplace.leftovers(crypt["name"], names)
@@ -1511,8 +1510,13 @@ def _reencryption_run(device, crypt_name, unit):
         "leftovers": leftovers,
         "suspended": [n for n in [crypt_name, *leftovers] if mapped.get(n)],
         "unit": unit,
-        "running": _unit_active(unit) or _reencrypt_running(crypt_name, device),
+        "running": _reencryption_runs(crypt_name, device),
     }
+
+
+def _reencryption_runs(crypt_name, device):
+    """Its unit runs, or any ``cryptsetup reencrypt`` of it (one started by hand too)."""
+    return _unit_active(core.inplace.unit_name(crypt_name)) or _reencrypt_running(crypt_name, device)
 
 
 def _tail_state(device, shift, size):

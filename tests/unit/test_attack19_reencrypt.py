@@ -10,7 +10,6 @@ and are its regression tests now."""
 
 import datetime
 import hashlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -18,19 +17,11 @@ import subprocess
 import pytest
 from hana_storage_core import luks, reencrypt, rules
 
-from tests.conftest import REPO
 from tests.unit.conftest import cryptsetup, rewrite_luks2_json
+from tests.unit.test_events import load
 
-
-def _load(name, path):
-    spec = importlib.util.spec_from_file_location(name, REPO / path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-states = _load("hana_storage_state_attack19", "_states/hana_storage.py")
-host = _load("hana_storage_host_attack19", "_modules/hana_storage_host.py")
+states = load("_states/hana_storage.py", "hana_storage_state_attack19")
+host = load("_modules/hana_storage_host.py", "hana_storage_host_attack19")
 
 TODAY = datetime.date.today()
 OLD = datetime.date(2020, 1, 1)  # the day the volume key was really made

@@ -6,28 +6,19 @@ The host facts are hana_storage_host.reencrypt_facts read from real LUKS2 images
 docstring starts with "HOLE" fail on the code they were written against (effe833)."""
 
 import datetime
-import importlib.util
 import os
 import subprocess
 
 import pytest
 from hana_storage_core import luks, reencrypt
 
-from tests.conftest import REPO
 from tests.unit.conftest import cryptsetup
+from tests.unit.test_events import load
 from tests.unit.test_reencrypt import facts_of, header_of
 from tests.unit.test_sls import luks_states, storage
 
-
-def _load(name, path):
-    spec = importlib.util.spec_from_file_location(name, REPO / path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-states = _load("hana_storage_state_attack20", "_states/hana_storage.py")
-host = _load("hana_storage_host_attack20", "_modules/hana_storage_host.py")
+states = load("_states/hana_storage.py", "hana_storage_state_attack20")
+host = load("_modules/hana_storage_host.py", "hana_storage_host_attack20")
 
 TODAY = datetime.date.today()
 OLD = datetime.date(2020, 1, 1)

@@ -2,7 +2,6 @@
 argv names) and on the bounded hotzone (reencrypt.hotzone_mib, --hotzone-size on the unit).
 Tests whose docstring starts with "HOLE" fail on the code they were written against (effe833)."""
 
-import importlib.util
 import os
 import pathlib
 import stat
@@ -15,16 +14,9 @@ from hana_storage_core import inplace, luks, reencrypt
 
 from tests.conftest import REPO
 from tests.unit.conftest import cryptsetup
+from tests.unit.test_events import load
 
-
-def _load(name, path):
-    spec = importlib.util.spec_from_file_location(name, REPO / path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-host = _load("hana_storage_host_attack20_running", "_modules/hana_storage_host.py")
+host = load("_modules/hana_storage_host.py", "hana_storage_host_attack20_running")
 NAME = "hana_log_0"
 
 

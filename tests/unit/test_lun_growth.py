@@ -180,7 +180,8 @@ def test_lun_grown_fails_when_a_command_did_not_take(salt_functions, monkeypatch
 
 def test_below_lvm_a_lun_under_re_encryption_is_left_as_it_is(lun_host):
     """Its mapping is cryptsetup's hotzone stack meanwhile, no crypt target on the LUN: found
-    when the VM tier re-encrypted PVs online (the state said "not an open crypt mapping")."""
+    when the VM tier re-encrypted PVs online (the state said "not an open crypt mapping"), and by
+    attack review 20 (multipathd resize, then cryptsetup resize against the stack)."""
     lun_host["hana_storage_host.luks_header"].return_value = {"reencryption": {"mode": "reencrypt"}}
     ret = states.lun_grown(MPATH, CRYPT_PV, KEY)
     assert ret["result"] is True and "under LUKS2 re-encryption" in ret["comment"], ret
