@@ -1393,7 +1393,8 @@ def in_place_facts(device, crypt_name, mountpoint, shift=None):
     ``suspended`` (the mapping and those leftovers that are suspended), ``device_bytes``, and
     of an XFS on ``device``: ``fs_bytes``, ``fs_sector``, the LV's ``lv_tags`` and, once a tag
     records its size before the extension, ``tail``: what its last ``shift`` bytes hold
-    (inplace.tail_state). ``running`` is true while the unit runs, or any
+    (inplace.tail_state), and ``head_copy`` (inplace.head_copy: how far the state's own copy of
+    its first bytes got). ``running`` is true while the unit runs, or any
     ``cryptsetup reencrypt`` (one started by hand too). ``key_day``: the day this route made
     the volume key (inplace.KEY_DAY_TAG) of a LUKS2 header with no re-encryption under way and
     no date token of ours yet, else None.
@@ -1420,6 +1421,7 @@ def in_place_facts(device, crypt_name, mountpoint, shift=None):
         "fs_bytes": None,
         "fs_sector": None,
         "lv_tags": [],
+        "head_copy": None,
         "tail": None,
     }
     if facts["running"] or facts["reencryption"]:
@@ -1435,15 +1437,17 @@ def in_place_facts(device, crypt_name, mountpoint, shift=None):
         and not facts["reencryption"]
         and core.reencrypt.volume_key_date(header, datetime.date.today()) is None
     )
-    if signature == "xfs" or no_date:
+    unencrypted = signature in ("xfs", "")  # "": an init cut off may have torn the XFS's superblock
+    if unencrypted or no_date:
         tags, error = _run(["lvs", "--noheadings", "-o", "lv_tags", device])
         if error:
             raise CommandExecutionError(f"the tags of {device} cannot be read: {error}")
         facts["lv_tags"] = [t for t in tags.strip().split(",") if t]
         facts["key_day"] = core.inplace.tagged_key_day(facts["lv_tags"]) if no_date else None
+    facts["head_copy"] = core.inplace.head_copy(facts["lv_tags"])
+    if unencrypted and shift and any(t.startswith(core.inplace.PLAIN_TAG) for t in facts["lv_tags"]):
+        facts["tail"] = tail_state(device, shift)
     if signature == "xfs":
-        if shift and any(t.startswith(core.inplace.PLAIN_TAG) for t in facts["lv_tags"]):
-            facts["tail"] = _tail_state(device, shift, facts["device_bytes"])
         superblock = xfs_superblock(device)
         facts["fs_sector"] = superblock["sectsize"]
         facts["fs_bytes"] = (
@@ -1519,8 +1523,19 @@ def _reencryption_runs(crypt_name, device):
     return _unit_active(core.inplace.unit_name(crypt_name)) or _reencrypt_running(crypt_name, device)
 
 
-def _tail_state(device, shift, size):
-    """inplace.tail_state of the LV's first and last ``shift`` bytes."""
+def tail_state(device, shift):
+    """
+    What the last ``shift`` bytes of ``device`` (an LV grown for an encryption in place) hold,
+    against its first ``shift`` bytes, read-only: "zero", "copy" or "other"
+    (hana_storage_core.inplace.tail_state).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' hana_storage_host.tail_state /dev/vg_hana_data/lv_hana_data 16777216
+    """
+    size = block_bytes(device)
     if not size or size < 2 * shift:
         return "other"
     try:

@@ -608,17 +608,8 @@ def encrypted_in_place(
         return _done(
             ret, f"refusing to encrypt {device} in place: it {why}. Nothing was changed.", result=False
         )
-    if stage == "torn":
-        shift = core.inplace.data_shift(room) // core.inplace.MIB
-        skip = facts["device_bytes"] // core.inplace.MIB - shift
-        return _done(
-            ret,
-            f"refusing to encrypt {device} in place: it {why}. Its first {shift} MiB are in its last "
-            f"{shift} MiB: copy them back (dd if={device} of={device} bs=1M skip={skip} count={shift} "
-            "conv=notrunc oflag=direct), check the filesystem (xfs_repair -n), and apply again. "
-            "Nothing was changed.",
-            result=False,
-        )
+    if stage in ("torn", "unclear"):
+        return _done(ret, _cut_init_advice(device, mountpoint, stage, why, room, facts), result=False)
     if stage == "running":
         return _done(ret, core.inplace.describe(name, facts["progress"]))
     if stage == "frozen":
@@ -649,6 +640,7 @@ def encrypted_in_place(
     if offline:
         steps.append(("umount", f"unmount {mountpoint}", ["umount", mountpoint]))
     if stage == "plain":
+        steps += _head_copy(device, core.inplace.data_shift(room), facts)
         sector = core.inplace.sector_size(luks["sector_size"], facts["fs_sector"])
         steps.append(
             (
@@ -697,9 +689,14 @@ def encrypted_in_place(
     for step, what, argv in steps:
         if step == "start":  # systemd keeps a failed transient unit's name taken until reset
             _run(["systemctl", "reset-failed", unit])
-        ok, err = _run_scratch(argv, workdir=True) if step == "init" else _run(argv)
+        if callable(argv):
+            ok, err = argv()
+        else:
+            ok, err = _run_scratch(argv, workdir=True) if step == "init" else _run(argv)
         if not ok:
-            back = _mount_back(device, mountpoint, options) if down is not None and step == "init" else ""
+            back = ""
+            if down is not None and step in (*_BEFORE_THE_HEADER, "init"):
+                back = _mount_back(device, mountpoint, options, core.inplace.data_shift(room), step)
             return _done(
                 ret, f"{name}: {what} failed: {err}.{back} Apply again to go on from here.", result=False
             )
@@ -844,14 +841,134 @@ def _token_remove(device, token_id):
     return ["cryptsetup", "token", "remove", "--token-id", str(token_id), device]
 
 
-def _mount_back(device, mountpoint, options):
-    """After an init that failed with the filesystem unmounted: the LV mounted again, while it
-    still reads as the XFS it was. Returns what was done, for the comment."""
+# the steps after the unmount that leave the LV's first bytes as they were when they fail;
+# cryptsetup's init too, unless it got to the header (_mount_back reads the copy again)
+_BEFORE_THE_HEADER = ("copy-begun", "copy", "verify", "copied")
+
+
+def _mount_back(device, mountpoint, options, shift, step):
+    """After ``step`` failed with the filesystem unmounted: the LV mounted again, while its
+    first bytes are as they were (before cryptsetup's init, or after one that did not change
+    them) and it reads as the XFS it was. The copy's tags go first: mounted, the XFS changes
+    its first bytes, and a copy tagged complete that no longer matches them would say a header
+    write was cut off. Returns what was done, for the comment."""
     signatures, _ = __salt__["hana_storage_host.signatures"](device)
     if [s["type"] for s in signatures] != ["xfs"]:
         return f" {device} no longer reads as an XFS: {mountpoint} stays unmounted."
+    if step not in _BEFORE_THE_HEADER:
+        try:
+            held = __salt__["hana_storage_host.tail_state"](device, shift)
+        except CommandExecutionError as error:
+            return f" {device} cannot be read ({error}): {mountpoint} stays unmounted."
+        if held != "copy":
+            return (
+                f" Its first bytes no longer match their copy in its room: {mountpoint} stays unmounted "
+                "(apply again: the next run says what to do)."
+            )
+    untag = [a for t in core.inplace.HEAD_COPY_TAGS for a in ("--deltag", t)]
+    ok, err = _run(["lvchange", *untag, _lv_name(device)])
+    if not ok:
+        return f" Its copy's LVM tags could not be removed ({err}): {mountpoint} stays unmounted."
     ok, err = _run(["mount", "-t", "xfs", "-o", options, device, mountpoint])
     return f" {device} mounted back at {mountpoint}." if ok else f" Mounting {device} back failed: {err}."
+
+
+def _lv_name(device):
+    """vg/lv of the LV path /dev/vg/lv."""
+    return "/".join(device.split("/")[2:4])
+
+
+def _head_copy(device, shift, facts):
+    """The steps that copy the LV's first ``shift`` bytes into the end of its room, with the
+    filesystem unmounted and before cryptsetup runs (inplace.HEAD_COPIED_TAG says why): none
+    when a complete copy still matches them."""
+    if facts.get("head_copy") == "copied" and facts.get("tail") == "copy":
+        return []
+    lv = _lv_name(device)
+
+    def copy():
+        size = __salt__["hana_storage_host.block_bytes"](device)
+        if not size or size < 2 * shift:
+            return False, f"{device} is {size} bytes, too small for two copies of {shift} bytes"
+        return _run(
+            [
+                "dd",
+                f"if={device}",
+                f"of={device}",
+                "bs=1M",
+                f"count={shift}",
+                f"seek={size - shift}",
+                "iflag=direct,count_bytes",
+                "oflag=direct,seek_bytes",
+                "conv=notrunc,fsync",
+                "status=none",
+            ]
+        )
+
+    def verify():
+        try:
+            held = __salt__["hana_storage_host.tail_state"](device, shift)
+        except CommandExecutionError as error:
+            return False, str(error)
+        return (True, "") if held == "copy" else (False, f"the copy reads back as {held!r}")
+
+    mib = shift // core.inplace.MIB
+    return [
+        (
+            "copy-begun",
+            "tag the copy of its first bytes begun",
+            [
+                "lvchange",
+                "--deltag",
+                core.inplace.HEAD_COPIED_TAG,
+                "--addtag",
+                core.inplace.HEAD_COPY_BEGUN_TAG,
+                lv,
+            ],
+        ),
+        ("copy", f"copy its first {mib} MiB to the end of its room", copy),
+        ("verify", "read the copy back", verify),
+        (
+            "copied",
+            "tag the copy complete",
+            [
+                "lvchange",
+                "--deltag",
+                core.inplace.HEAD_COPY_BEGUN_TAG,
+                "--addtag",
+                core.inplace.HEAD_COPIED_TAG,
+                lv,
+            ],
+        ),
+    ]
+
+
+def _cut_init_advice(device, mountpoint, stage, why, room, facts):
+    """The refusal of an LV whose init was cut off (inplace stages "torn" and "unclear"), with
+    what brings its first bytes back: the copy in its room, or, when no tag says who made it,
+    how to tell whether it or the head holds them."""
+    shift = core.inplace.data_shift(room) // core.inplace.MIB
+    skip = facts["device_bytes"] // core.inplace.MIB - shift
+    back = (
+        f"dd if={device} of={device} bs=1M skip={skip} count={shift} conv=notrunc,fsync "
+        "iflag=direct oflag=direct"
+    )
+    if stage == "torn":
+        return (
+            f"refusing to encrypt {device} in place: it {why}. Its first {shift} MiB are in its last "
+            f"{shift} MiB: copy them back ({back}), check the filesystem (xfs_repair -n {device}), and "
+            f"apply again. Only if the XFS was mounted from {device} since the copy (a boot through "
+            f"/etc/fstab) and HANA wrote to it, its first bytes are newer than the copy: then remove the "
+            f"copy's tag instead (lvchange --deltag {core.inplace.HEAD_COPIED_TAG} {_lv_name(device)}) "
+            "and apply again. Nothing was changed."
+        )
+    return (
+        f"refusing to encrypt {device} in place: it {why}. Check the filesystem as it is "
+        f"(xfs_repair -n {device}): if it is clean, the copy was cut off and the head is intact: zero "
+        f"the last {shift} MiB (dd if=/dev/zero of={device} bs=1M seek={skip} count={shift} "
+        f"conv=notrunc,fsync oflag=direct) and apply again; if it is damaged, the header write was: copy "
+        f"the last {shift} MiB back ({back}), check it again, and apply again. Nothing was changed."
+    )
 
 
 def _header_room(device, room, stripes, stripe_kib, found, facts):
@@ -868,7 +985,7 @@ def _header_room(device, room, stripes, stripe_kib, found, facts):
     if tag in facts["lv_tags"]:
         return []
     steps = []
-    lv = "/".join(device.split("/")[2:4])
+    lv = _lv_name(device)
     if short:
         wanted = f"{-(-(facts['device_bytes'] + short) // core.inplace.MIB)}M"
         usable = [p for p in found["pvs"] if p["allocatable"]]
@@ -2228,7 +2345,7 @@ def _extension_plan(name, stripes, stripe_kib, size, pvs, devices, room, grown_b
             if growth.get("adds_extents"):
                 usable[usable.index(entry)] = {**entry, "free": entry["free"] + growth["adds_extents"]}
                 grown.append(pv)
-    lv = "/".join(name.split("/")[2:4])
+    lv = _lv_name(name)
     plan = core.lvm.extension(lv, stripes, stripe_kib * 1024, size, room["segments"], usable)
     return {**plan, "estimated": estimated, "grown": grown}
 

@@ -473,11 +473,10 @@ class Lab:
         (self.workdir / "vm.pid").unlink(missing_ok=True)
         self._lock.close()
 
-    def resize_disk(self, index, size_bytes):
-        """Grow lab disk N under the running guest, every path of it, as a SAN grows a LUN or a
-        cloud a volume (QEMU's block_resize over its QMP socket): the guest sees the new size
-        at once (virtio). The image file grows with it."""
-        say(f"growing disk {index} ({self.guest_disk(index)}) to {size_bytes} bytes under the guest")
+    @contextlib.contextmanager
+    def _qmp(self):
+        """A session on the running QEMU's QMP socket: yields ask(command, **arguments), which
+        returns the command's answer."""
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as qmp:
             qmp.settimeout(60)
             qmp.connect(str(self.qmp))
@@ -485,7 +484,7 @@ class Lab:
 
             def ask(command, **arguments):
                 qmp.sendall(json.dumps({"execute": command, "arguments": arguments}).encode() + b"\n")
-                while True:  # events (a resize raises none we need) come before the answer
+                while True:  # events come before the answer
                     reply = json.loads(replies.readline())
                     if "return" in reply:
                         return reply["return"]
@@ -494,8 +493,44 @@ class Lab:
 
             json.loads(replies.readline())  # the greeting
             ask("qmp_capabilities")
-            for path in range(self.paths):
-                ask("block_resize", device=f"d{index}p{path}", size=int(size_bytes))
+            yield ask
+
+    def _drives(self, index):
+        return [f"d{index}p{path}" for path in range(self.paths)]
+
+    def resize_disk(self, index, size_bytes):
+        """Grow lab disk N under the running guest, every path of it, as a SAN grows a LUN or a
+        cloud a volume (QEMU's block_resize over its QMP socket): the guest sees the new size
+        at once (virtio). The image file grows with it."""
+        say(f"growing disk {index} ({self.guest_disk(index)}) to {size_bytes} bytes under the guest")
+        with self._qmp() as ask:
+            for drive in self._drives(index):
+                ask("block_resize", device=drive, size=int(size_bytes))
+
+    def throttle_writes(self, index, bytes_per_s):
+        """Cap the guest's writes to lab disk N at ``bytes_per_s`` (QEMU's I/O throttling, every
+        path; 0 lifts it): a write of a few MiB then takes seconds, and a power cut can land in
+        the middle of it. A new boot starts unthrottled."""
+        with self._qmp() as ask:
+            for drive in self._drives(index):
+                ask(
+                    "block_set_io_throttle",
+                    device=drive,
+                    bps=0,
+                    bps_rd=0,
+                    bps_wr=int(bytes_per_s),
+                    iops=0,
+                    iops_rd=0,
+                    iops_wr=0,
+                )
+
+    def written_bytes(self, indexes):
+        """Bytes the guest wrote to the lab disks ``indexes`` since its boot, every path (QEMU's
+        block statistics)."""
+        with self._qmp() as ask:
+            stats = ask("query-blockstats")
+        drives = {drive for index in indexes for drive in self._drives(index)}
+        return sum(s["stats"]["wr_bytes"] for s in stats if s.get("device") in drives)
 
     def __enter__(self):
         return self.start()

@@ -19,10 +19,16 @@ recovers the hotzone at activation), mount, resume. The unit is stopped with SIG
 
 Stages of a volume (``stage``), decided on facts from the host:
 
-- ``plain``: the LV holds an XFS and no LUKS header: extend, initialise, remount, start.
-- ``torn``: it holds an XFS, but the room beyond its size before holds neither zeros (what the
-  extension left) nor a copy of its first bytes (what --init-only moves there before it writes
-  the header): a header write was cut off part-way. Refused, with the copy back named.
+- ``plain``: the LV holds an XFS and no LUKS header: extend, unmount, copy its first bytes into
+  the room (the copy cryptsetup makes too, but torn by a power cut in the middle of it, that one
+  could not be told from a torn header write), initialise, remount, start.
+- ``torn``: the state's own copy of the LV's first bytes into its room was complete (its LVM tag
+  says so) and the head no longer matches it: cryptsetup's header write was cut off part-way.
+  Refused, with the copy back named.
+- ``unclear``: the room holds neither zeros, nor a copy of the head, and no tag says who wrote
+  it: an init by an earlier version of the formula (which left the copy to cryptsetup) was cut
+  off, in its copy (the head is intact) or in its header write (the tail is the only copy).
+  Refused, with how to tell the two apart.
 - ``blank``: nothing on it (a new host): nothing to encrypt; the LUKS states format it.
 - ``running``: a re-encryption of the volume runs (the unit is active).
 - ``paused``: the header says a re-encryption is under way, the device is open and its stack
@@ -95,6 +101,22 @@ def plain_tag(plain_bytes):
 KEY_DAY_TAG = "hana_storage_key_made_"
 
 
+# The state's own copy of the LV's first ``data_shift`` bytes into the end of its room, made
+# with the filesystem unmounted before cryptsetup runs: BEGUN before the first byte (cryptsetup
+# has not run: the head is intact, whatever the tail holds), COPIED once the copy is read back
+# equal (the tail is the head as it was: if they differ later, the header write changed the head).
+HEAD_COPY_BEGUN_TAG = "hana_storage_head_copy_begun"
+HEAD_COPIED_TAG = "hana_storage_head_copied"
+HEAD_COPY_TAGS = (HEAD_COPY_BEGUN_TAG, HEAD_COPIED_TAG)
+
+
+def head_copy(tags):
+    """How far the state's copy of the head got, by an LV's tags: "copied", "begun" or None."""
+    if HEAD_COPIED_TAG in tags:
+        return "copied"
+    return "begun" if HEAD_COPY_BEGUN_TAG in tags else None
+
+
 def key_day_tag(day):
     return f"{KEY_DAY_TAG}{day.isoformat()}"
 
@@ -154,7 +176,8 @@ def stage(facts):
     """(stage, why) of a volume from its facts:
 
     {"signature": "xfs" | "crypto_LUKS" | other | "", "reencryption": header fact or None,
-    "tail": "zero" | "copy" | "other" | None (see tail_state),
+    "tail": "zero" | "copy" | "other" | None (see tail_state; None: the LV was not grown for
+    the header), "head_copy": "copied" | "begun" | None (head_copy),
     "mapped": the crypt mapping exists, "running": the unit is active,
     "leftovers": [cryptsetup's hotzone/overlay devices of the mapping],
     "suspended": [the mapping and those of its leftovers that are suspended]}.
@@ -162,11 +185,10 @@ def stage(facts):
     signature, underway = facts["signature"], facts.get("reencryption")
     if signature == "xfs" and facts.get("mapped"):
         return "foreign", "holds an unencrypted XFS, and its crypt name is taken by another mapping"
-    if signature == "xfs" and facts.get("tail") == "other":
-        return "torn", (
-            "holds an XFS, but the LV's tail no longer matches its first bytes: an earlier "
-            "cryptsetup reencrypt --init-only moved them there and was cut off while writing the header"
-        )
+    if signature in ("xfs", "") and facts.get("tail") is not None:
+        cut = _cut_init(facts)
+        if cut:
+            return cut
     if signature == "xfs":
         return "plain", "holds an unencrypted XFS"
     if not signature:
@@ -198,6 +220,28 @@ def stage(facts):
             "still in its stack"
         )
     return "paused", "is being encrypted, open, and nothing runs the encryption"
+
+
+def _cut_init(facts):
+    """(stage, why) of an LV grown for the header that holds no LUKS header, when an init was cut
+    off on it; None when its head is intact (cryptsetup has not written it: "plain" goes on)."""
+    copy, tail = facts.get("head_copy"), facts["tail"]
+    # also when the XFS was mounted from the LV since (a boot through fstab) and changed its
+    # head: no fact tells that from a torn header write, so the admin is asked (the refusal)
+    if copy == "copied" and tail != "copy":
+        return "torn", (
+            "holds no LUKS2 header, and its first bytes no longer match the copy the formula made of "
+            "them in its room: cryptsetup reencrypt --init-only was cut off while writing the header"
+        )
+    if copy is None and tail == "other":
+        return "unclear", (
+            "holds no LUKS2 header, and its room neither zeros nor a copy of its first bytes: an "
+            "init by an earlier version of the formula was cut off, while copying them there or "
+            "while writing the header"
+        )
+    if not facts["signature"]:
+        return "foreign", "holds neither an XFS nor a LUKS2 header, though the formula grew it for one"
+    return None
 
 
 def reencryption_stack(crypt_name):

@@ -83,7 +83,8 @@ def torn(tmp_path):
 
 def _host_facts(module, monkeypatch, image):  # noqa: F811 - the fixture's module
     """in_place_facts on the image, as the host module reads it: blkid and the XFS superblock
-    for real; no device-mapper, no unit, not mounted; the LV's tag from the first run."""
+    for real; no device-mapper, no unit, not mounted; the LV's tags from the first run (its size
+    before, and the state's own copy of the head complete: the init runs only after it)."""
     module.__salt__ = {"cmd.run_all": _real_run_all}
     monkeypatch.setattr(module, "_sysfs", dict)
     monkeypatch.setattr(module, "block_bytes", lambda path: os.path.getsize(path))
@@ -93,7 +94,11 @@ def _host_facts(module, monkeypatch, image):  # noqa: F811 - the fixture's modul
     monkeypatch.setattr(
         module,
         "_run",
-        lambda argv: (f"  {inplace.plain_tag(PLAIN)}\n", None) if argv[0] == "lvs" else real_run(argv),
+        lambda argv: (
+            (f"  {inplace.plain_tag(PLAIN)},{inplace.HEAD_COPIED_TAG}\n", None)
+            if argv[0] == "lvs"
+            else real_run(argv)
+        ),
     )
     return module.in_place_facts(str(image), "hana_data", "/hana/data", inplace.data_shift(ROOM))
 

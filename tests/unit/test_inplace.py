@@ -118,8 +118,22 @@ ENCRYPT = {"in_progress": True, "mode": "encrypt"}
         (facts(signature="ext4"), "foreign"),
         (facts(signature=""), "blank"),
         (facts(mapped=True), "foreign"),
-        (facts(tail="other"), "torn"),
+        (facts(tail="other"), "unclear"),
         (facts(tail="copy"), "plain"),
+        (facts(tail="zero"), "plain"),
+        # the state's own copy of the head was cut off: cryptsetup never ran, the head is intact
+        (facts(tail="other", head_copy="begun"), "plain"),
+        (facts(tail="zero", head_copy="begun"), "plain"),
+        # the copy was complete: a head that differs was changed by the header write
+        (facts(tail="other", head_copy="copied"), "torn"),
+        (facts(tail="zero", head_copy="copied"), "torn"),
+        (facts(tail="other", head_copy="copied", signature=""), "torn"),
+        (facts(tail="copy", head_copy="copied"), "plain"),
+        # a boot that mounted the XFS from the LV since changes the head too: the admin tells
+        (facts(tail="other", head_copy="copied", mounted_from="device"), "torn"),
+        (facts(tail="other", signature=""), "unclear"),
+        (facts(tail="zero", signature=""), "foreign"),
+        (facts(tail="copy", head_copy="begun", signature=""), "foreign"),
         (facts(signature="crypto_LUKS", reencryption={"in_progress": True, "mode": "reencrypt"}), "foreign"),
         (facts(signature="crypto_LUKS", reencryption=ENCRYPT, running=True, mapped=True), "running"),
         (facts(signature="crypto_LUKS", reencryption=ENCRYPT), "closed"),
@@ -274,6 +288,8 @@ def host():
             return_value=([{"type": "xfs", "usage": "filesystem"}], None)
         ),
         "hana_storage_host.luks_header": MagicMock(return_value={"uuid": "u-1"}),
+        "hana_storage_host.block_bytes": MagicMock(return_value=544 * MIB),
+        "hana_storage_host.tail_state": MagicMock(return_value="copy"),
         "cmd.run_all": MagicMock(return_value={"retcode": 0, "stdout": "", "stderr": ""}),
     }
 
@@ -318,8 +334,8 @@ def test_test_mode_says_every_step_and_runs_nothing(host, opts):
         "would extend /dev/vg_hana_data/lv_hana_data by 33554432 bytes",
         "zero its room beyond 536870912 bytes",
         "record /dev/vg_hana_data/lv_hana_data's size (536870912 bytes)",
-        "unmount /hana/data",
-        "write the LUKS2 header (4096-byte sectors)",
+        "unmount /hana/data; tag the copy of its first bytes begun; copy its first 16 MiB to the end "
+        "of its room; read the copy back; tag the copy complete; write the LUKS2 header (4096-byte sectors)",
         "mount /dev/mapper/hana_data at /hana/data",
         "start hana-storage-encrypt-hana_data.service",
     ):
@@ -336,6 +352,9 @@ def test_the_apply_runs_the_steps_in_order_and_says_the_downtime(host):
         ["dd", "if=/dev/zero"],
         ["lvchange", "--addtag"],
         ["umount", "/hana/data"],
+        ["lvchange", "--deltag"],
+        ["dd", "if=/dev/vg_hana_data/lv_hana_data"],
+        ["lvchange", "--deltag"],
         ["cryptsetup", "reencrypt"],
         ["mount", "-t"],
         ["systemctl", "reset-failed"],

@@ -11,9 +11,13 @@ lands in the middle of it. The guest runs a real systemd (in a PID namespace: th
 not systemd), which runs the encryption as a transient unit.
 
 test=True names each step and writes nothing; a process holding a file on the volume stops the
-apply, named, with nothing written. The apply extends the LV in its two stripes, writes the
-LUKS2 header, mounts the XFS from the crypt device (the downtime) and returns with the unit
-running. Then: the unit stopped (SIGINT), and the next apply starts it again; the unit killed
+apply, named, with nothing written. The power cut in the middle of the apply's own copy of the
+LV's first 16 MiB into the header's room (the disks' writes throttled so that the copy takes
+seconds): the boot on the same disks, the XFS mounted from the LV again as the host's fstab
+would, every byte as it was, and the next apply goes on (a tail half copied once read as a torn
+header write, and the advice was to copy it over the head). The apply extends the LV in its two
+stripes, copies the head into the room, writes the LUKS2 header, mounts the XFS from the crypt
+device (the downtime) and returns with the unit running. Then: the unit stopped (SIGINT), and the next apply starts it again; the unit killed
 (SIGKILL), and the next apply recovers offline or, when the kill left cryptsetup's hotzone
 suspended, refuses and names a reboot; the power cut, and after the boot the apply opens the
 device (libcryptsetup's recovery) and goes on, now uncapped. At the end: the file's checksum,
@@ -52,6 +56,7 @@ UNIT = inplace.unit_name("hana_data")
 # than its device is a finding, HANA-LAYOUT-009, and the crypt device grows by 16 MiB at the end)
 LV_MIB, FS_MIB = 1568, 1536  # mkfs.xfs ignores su/sw on an XFS under 1 GiB
 FILE = f"{MOUNT}/a.bin"
+MIB = 1 << 20
 
 
 def pillar(vm, max_mib_s=1):
@@ -137,6 +142,35 @@ def vm(request):
     return vm
 
 
+def boot_again(request, old, max_mib_s=1):
+    """The boot on the same disks after a power cut: the guest's /etc is new (no crypttab, no
+    fstab), its service manager, the key file, Salt with the pillar (and the cap) given."""
+    again = boot(request, disks=len(DISKS), disk_size="1G", fresh=False)
+    again.start_service_manager()
+    write_lab_key(again, KEY_FILE)
+    again.sums = old.sums
+    again.setup_salt(pillar(again, max_mib_s=max_mib_s))
+    return again
+
+
+def cut_power_after(vm, mib, title):
+    """An apply started, and the power cut once the guest has written ``mib`` MiB more to the
+    volume's disks, their writes capped at 1 MiB/s each (the cut lands within a fraction of a
+    MiB of that point)."""
+    disks = range(len(DISKS))
+    for disk in disks:
+        vm.throttle_writes(disk, MIB)
+    before = vm.written_bytes(disks)
+    pid = vm.salt("state.apply hana.storage", detach=True, title=title).ret["pid"]
+    deadline = time.monotonic() + 900
+    while vm.written_bytes(disks) - before < mib * MIB:
+        ended = vm.detached_reply(pid)
+        assert ended is None, f"the apply ended before {mib} MiB were written: {failures(ended)}"
+        assert time.monotonic() < deadline, f"{mib} MiB not written within 900 s"
+        time.sleep(0.1)
+    vm.power_off()
+
+
 def as_it_was(vm):
     """What an apply that changes nothing leaves: the LV as it was (size, no tag, an XFS), mounted
     from the LV, no unit, the data and the raw area unchanged."""
@@ -187,15 +221,45 @@ def test_a_process_with_a_file_open_stops_it_named_and_nothing_is_written(vm):
 
 
 @pytest.fixture(scope="module")
-def started(vm):
-    applied = vm.salt("state.apply hana.storage", title="state.apply: encrypt /hana/data in place")
-    return applied
+def cut_in_the_copy(request, vm):
+    """The power cut 8 MiB into the apply's copy of the LV's first 16 MiB (after the 32 MiB of
+    the room zeroed), the boot, and the XFS mounted from the LV as the host's fstab would."""
+    cut_power_after(vm, 32 + 8, "state.apply, its power cut in the middle of the head's copy")
+    again = boot_again(request, vm)
+    again.run(
+        f"mount -o noatime {LV} {MOUNT} && "
+        f'echo "UUID=$(blkid -s UUID -o value {LV}) {MOUNT} xfs noatime 0 0" >>/etc/fstab',
+        check=True,
+        title="mounting the XFS from the LV, as the boot's fstab would",
+    )
+    shift = inplace.data_shift(32 * MIB)
+    again.facts = again.salt(
+        f"hana_storage_host.in_place_facts {LV} hana_data {MOUNT} {shift}", check=True
+    ).ret
+    return again
 
 
-def test_the_apply_encrypts_in_place_and_returns_while_it_runs(vm, started):
-    assert started.retcode == 0, failures(started)
-    state = in_place_state(started)
-    assert state["changes"]["encrypting"]["unit"] == UNIT, state
+def test_a_power_cut_in_the_copy_of_the_head_leaves_every_byte_as_it_was(cut_in_the_copy):
+    vm = cut_in_the_copy
+    # the copy was cut part-way (the tail part copy, part zeros): what the old route called torn
+    assert (vm.facts["head_copy"], vm.facts["tail"], vm.facts["signature"]) == ("begun", "other", "xfs"), (
+        vm.facts
+    )
+    assert (file_sum(vm), raw_sum(vm, LV)) == vm.sums
+
+
+@pytest.fixture(scope="module")
+def started(cut_in_the_copy):
+    vm = cut_in_the_copy
+    vm.applied = vm.salt("state.apply hana.storage", title="state.apply: encrypt /hana/data in place")
+    return vm
+
+
+def test_the_apply_encrypts_in_place_and_returns_while_it_runs(started):
+    vm, applied = started, started.applied
+    assert applied.retcode == 0, failures(applied)
+    state = in_place_state(applied)
+    assert state["changes"]["encrypting"] == {"device": LV, "unit": UNIT, "from": "plain"}, state
     assert 0 < state["changes"]["downtime_s"] < 120, state
     assert vm.systemctl(f"is-active {UNIT}").output.strip() == "active"
     assert reencryption_underway(vm, LV)
@@ -212,7 +276,8 @@ def test_the_apply_encrypts_in_place_and_returns_while_it_runs(vm, started):
     assert audit["volumes"]["data"]["in_place"]["running"] is True
 
 
-def test_a_stopped_encryption_is_started_again(vm, started):
+def test_a_stopped_encryption_is_started_again(started):
+    vm = started
     wait_for_progress(vm, UNIT, 1)
     vm.systemctl(f"stop {UNIT}", title="systemctl stop: SIGINT to cryptsetup")
     assert reencryption_underway(vm, LV) and reads_back(vm) == [vm.sums[0]]
@@ -221,7 +286,8 @@ def test_a_stopped_encryption_is_started_again(vm, started):
     assert in_place_state(again)["changes"]["encrypting"]["from"] == "paused"
 
 
-def test_a_killed_encryption_is_recovered_or_named(vm, started):
+def test_a_killed_encryption_is_recovered_or_named(started):
+    vm = started
     before = wait_for_progress(vm, UNIT, unit_progress(vm, UNIT)["percent"] + 2)
     vm.systemctl(f"kill --signal=KILL {UNIT}", title="SIGKILL to cryptsetup")
     wait_for_unit_end(vm, UNIT, timeout=60)
@@ -238,17 +304,14 @@ def test_a_killed_encryption_is_recovered_or_named(vm, started):
 
 
 @pytest.fixture(scope="module")
-def after_power_cut(request, vm, started):
-    """The power cut in the middle of the encryption, the boot on the same disks (the guest's
-    /etc is new: no crypttab, no fstab), the apply with the cap lifted."""
+def after_power_cut(request, started):
+    """The power cut in the middle of the encryption, the boot on the same disks, the apply with
+    the cap lifted."""
+    vm = started
     if not getattr(vm, "killed", (None, True))[1]:
         wait_for_progress(vm, UNIT, unit_progress(vm, UNIT)["percent"] + 2)
     vm.power_off()
-    again = boot(request, disks=len(DISKS), disk_size="1G", fresh=False)
-    again.start_service_manager()
-    write_lab_key(again, KEY_FILE)
-    again.sums = vm.sums
-    again.setup_salt(pillar(again, max_mib_s=None))
+    again = boot_again(request, vm, max_mib_s=None)
     again.resumed = again.salt("state.apply hana.storage", title="state.apply after the power cut")
     return again
 
