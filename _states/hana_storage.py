@@ -637,10 +637,17 @@ def encrypted_in_place(
             return _done(
                 ret, f"not encrypting {device} in place: {error}. Nothing was changed.", result=False
             )
+    copy = stage == "plain" and not (
+        # a copy read while the XFS was unmounted and still matching is the head as it is
+        not mounted and facts.get("head_copy") == "copied" and facts.get("tail") == "copy"
+    )
+    if copy:
+        steps.append(_copy_begun(device))
     if offline:
         steps.append(("umount", f"unmount {mountpoint}", ["umount", mountpoint]))
+    if copy:
+        steps += _head_copy(device, core.inplace.data_shift(room))
     if stage == "plain":
-        steps += _head_copy(device, core.inplace.data_shift(room), facts)
         sector = core.inplace.sector_size(luks["sector_size"], facts["fs_sector"])
         steps.append(
             (
@@ -649,6 +656,7 @@ def encrypted_in_place(
                 core.inplace.reencrypt_init(device, name, key_file, luks, room, sector),
             )
         )
+        steps.append(("untag", "drop the copy's tags", _copy_untag(device, *core.inplace.HEAD_COPY_TAGS)))
     if stage == "crashed":
         steps.append(("close", f"close {name} and cryptsetup's leftovers", ["cryptsetup", "close", name]))
     if stage in ("crashed", "closed"):
@@ -693,6 +701,9 @@ def encrypted_in_place(
             ok, err = argv()
         else:
             ok, err = _run_scratch(argv, workdir=True) if step == "init" else _run(argv)
+        if not ok and step == "untag":  # the init ended: stale tags on a LUKS2 LV decide nothing
+            ret["comment_note"] = f" (its copy's LVM tags stay: {err})"
+            continue
         if not ok:
             back = ""
             if down is not None and step in (*_BEFORE_THE_HEADER, "init"):
@@ -705,7 +716,8 @@ def encrypted_in_place(
         if step == "mount":
             ret["changes"]["downtime_s"] = round(time.monotonic() - down, 1)
     ret["changes"]["encrypting"] = {"device": device, "unit": unit, "from": stage}
-    return _done(ret, f"{name} {why}: {plan} ({round(time.monotonic() - began, 1)} s)")
+    note = ret.pop("comment_note", "")
+    return _done(ret, f"{name} {why}: {plan} ({round(time.monotonic() - began, 1)} s){note}")
 
 
 def _date_in_place_key(ret, device, why, day):
@@ -843,15 +855,16 @@ def _token_remove(device, token_id):
 
 # the steps after the unmount that leave the LV's first bytes as they were when they fail;
 # cryptsetup's init too, unless it got to the header (_mount_back reads the copy again)
-_BEFORE_THE_HEADER = ("copy-begun", "copy", "verify", "copied")
+_BEFORE_THE_HEADER = ("copy", "verify", "copied")
 
 
 def _mount_back(device, mountpoint, options, shift, step):
     """After ``step`` failed with the filesystem unmounted: the LV mounted again, while its
     first bytes are as they were (before cryptsetup's init, or after one that did not change
-    them) and it reads as the XFS it was. The copy's tags go first: mounted, the XFS changes
-    its first bytes, and a copy tagged complete that no longer matches them would say a header
-    write was cut off. Returns what was done, for the comment."""
+    them) and it reads as the XFS it was. A copy tagged complete goes first: mounted, the XFS
+    changes its first bytes, and the tag would then say a header write was cut off (the begun
+    tag stays: cryptsetup has not written the head, the next run copies it again). Returns what
+    was done, for the comment."""
     signatures, _ = __salt__["hana_storage_host.signatures"](device)
     if [s["type"] for s in signatures] != ["xfs"]:
         return f" {device} no longer reads as an XFS: {mountpoint} stays unmounted."
@@ -865,10 +878,9 @@ def _mount_back(device, mountpoint, options, shift, step):
                 f" Its first bytes no longer match their copy in its room: {mountpoint} stays unmounted "
                 "(apply again: the next run says what to do)."
             )
-    untag = [a for t in core.inplace.HEAD_COPY_TAGS for a in ("--deltag", t)]
-    ok, err = _run(["lvchange", *untag, _lv_name(device)])
-    if not ok:
-        return f" Its copy's LVM tags could not be removed ({err}): {mountpoint} stays unmounted."
+        ok, err = _copy_untag(device, core.inplace.HEAD_COPIED_TAG)()
+        if not ok:
+            return f" Its copy's LVM tag could not be removed ({err}): {mountpoint} stays unmounted."
     ok, err = _run(["mount", "-t", "xfs", "-o", options, device, mountpoint])
     return f" {device} mounted back at {mountpoint}." if ok else f" Mounting {device} back failed: {err}."
 
@@ -878,13 +890,33 @@ def _lv_name(device):
     return "/".join(device.split("/")[2:4])
 
 
-def _head_copy(device, shift, facts):
+def _copy_begun(device):
+    """The step, before the unmount, that says cryptsetup runs on the LV only after a complete
+    copy of its head (inplace.HEAD_COPY_BEGUN_TAG); an older copy's complete tag goes with it."""
+    return (
+        "copy-begun",
+        "tag the copy of its first bytes begun",
+        [
+            "lvchange",
+            "--deltag",
+            core.inplace.HEAD_COPIED_TAG,
+            "--addtag",
+            core.inplace.HEAD_COPY_BEGUN_TAG,
+            _lv_name(device),
+        ],
+    )
+
+
+def _copy_untag(device, *tags):
+    def untag():
+        return _run(["lvchange", *(a for t in tags for a in ("--deltag", t)), _lv_name(device)])
+
+    return untag
+
+
+def _head_copy(device, shift):
     """The steps that copy the LV's first ``shift`` bytes into the end of its room, with the
-    filesystem unmounted and before cryptsetup runs (inplace.HEAD_COPIED_TAG says why): none
-    when a complete copy still matches them."""
-    if facts.get("head_copy") == "copied" and facts.get("tail") == "copy":
-        return []
-    lv = _lv_name(device)
+    filesystem unmounted and before cryptsetup runs, read it back, and tag it complete."""
 
     def copy():
         size = __salt__["hana_storage_host.block_bytes"](device)
@@ -912,63 +944,60 @@ def _head_copy(device, shift, facts):
             return False, str(error)
         return (True, "") if held == "copy" else (False, f"the copy reads back as {held!r}")
 
-    mib = shift // core.inplace.MIB
     return [
-        (
-            "copy-begun",
-            "tag the copy of its first bytes begun",
-            [
-                "lvchange",
-                "--deltag",
-                core.inplace.HEAD_COPIED_TAG,
-                "--addtag",
-                core.inplace.HEAD_COPY_BEGUN_TAG,
-                lv,
-            ],
-        ),
-        ("copy", f"copy its first {mib} MiB to the end of its room", copy),
+        ("copy", f"copy its first {shift // core.inplace.MIB} MiB to the end of its room", copy),
         ("verify", "read the copy back", verify),
         (
             "copied",
             "tag the copy complete",
-            [
-                "lvchange",
-                "--deltag",
-                core.inplace.HEAD_COPY_BEGUN_TAG,
-                "--addtag",
-                core.inplace.HEAD_COPIED_TAG,
-                lv,
-            ],
+            ["lvchange", "--addtag", core.inplace.HEAD_COPIED_TAG, _lv_name(device)],
         ),
     ]
 
 
 def _cut_init_advice(device, mountpoint, stage, why, room, facts):
-    """The refusal of an LV whose init was cut off (inplace stages "torn" and "unclear"), with
-    what brings its first bytes back: the copy in its room, or, when no tag says who made it,
-    how to tell whether it or the head holds them."""
-    shift = core.inplace.data_shift(room) // core.inplace.MIB
-    skip = facts["device_bytes"] // core.inplace.MIB - shift
+    """The refusal of an LV whose init was cut off (inplace stages "torn" and "unclear"): what
+    brings its first bytes back, by the copy's tags and what its room holds (inplace.tail_state),
+    in exact bytes; first, when the XFS is mounted from it, that it must not be."""
+    shift = core.inplace.data_shift(room)
+    tail_at = facts["device_bytes"] - shift
     back = (
-        f"dd if={device} of={device} bs=1M skip={skip} count={shift} conv=notrunc,fsync "
-        "iflag=direct oflag=direct"
+        f"dd if={device} of={device} bs=1M skip={tail_at} count={shift} "
+        "iflag=skip_bytes,count_bytes,direct oflag=direct conv=notrunc,fsync"
+    )
+    zero = (
+        f"dd if=/dev/zero of={device} bs=1M seek={tail_at} count={shift} "
+        "iflag=count_bytes oflag=seek_bytes,direct conv=notrunc,fsync"
+    )
+    first = f"its first {shift} bytes"
+    unmount = (
+        f"{mountpoint} is mounted from {device}: stop HANA and unmount it before anything else (its "
+        "first bytes may be newer than the copy). Then: "
+        if facts.get("mounted_from") == "device"
+        else ""
     )
     if stage == "torn":
-        return (
-            f"refusing to encrypt {device} in place: it {why}. Its first {shift} MiB are in its last "
-            f"{shift} MiB: copy them back ({back}), check the filesystem (xfs_repair -n {device}), and "
-            f"apply again. Only if the XFS was mounted from {device} since the copy (a boot through "
-            f"/etc/fstab) and HANA wrote to it, its first bytes are newer than the copy: then remove the "
-            f"copy's tag instead (lvchange --deltag {core.inplace.HEAD_COPIED_TAG} {_lv_name(device)}) "
-            "and apply again. Nothing was changed."
+        advice = (
+            f"{first} are in its last {shift} bytes: copy them back ({back}), check the filesystem "
+            f"(xfs_repair -n {device}), and apply again. Only if the XFS was mounted from {device} since "
+            "the copy (a boot through /etc/fstab) and HANA wrote to it, its first bytes are newer than "
+            f"the copy: then say the copy is to be made again instead (lvchange --deltag "
+            f"{core.inplace.HEAD_COPIED_TAG} --addtag {core.inplace.HEAD_COPY_BEGUN_TAG} {_lv_name(device)}) "
+            "and apply again"
         )
-    return (
-        f"refusing to encrypt {device} in place: it {why}. Check the filesystem as it is "
-        f"(xfs_repair -n {device}): if it is clean, the copy was cut off and the head is intact: zero "
-        f"the last {shift} MiB (dd if=/dev/zero of={device} bs=1M seek={skip} count={shift} "
-        f"conv=notrunc,fsync oflag=direct) and apply again; if it is damaged, the header write was: copy "
-        f"the last {shift} MiB back ({back}), check it again, and apply again. Nothing was changed."
-    )
+    elif facts.get("tail") == "partial":
+        advice = (
+            f"every block where its room differs from {first} is zeros: the copy was cut off and {first} "
+            f"are as they were. Zero the room ({zero}) and apply again"
+        )
+    else:
+        advice = (
+            f"its room holds data where {first} differ: the header write was cut off, and {first} are "
+            f"in its last {shift} bytes: copy them back ({back}), check the filesystem (xfs_repair -n "
+            f"{device}), and apply again. Only if the XFS was mounted from {device} since and HANA wrote "
+            f"to it, {first} are newer: then zero the room instead ({zero}) and apply again"
+        )
+    return f"refusing to encrypt {device} in place: it {why}. {unmount}{advice}. Nothing was changed."
 
 
 def _header_room(device, room, stripes, stripe_kib, found, facts):

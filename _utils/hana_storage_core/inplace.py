@@ -102,9 +102,11 @@ KEY_DAY_TAG = "hana_storage_key_made_"
 
 
 # The state's own copy of the LV's first ``data_shift`` bytes into the end of its room, made
-# with the filesystem unmounted before cryptsetup runs: BEGUN before the first byte (cryptsetup
-# has not run: the head is intact, whatever the tail holds), COPIED once the copy is read back
-# equal (the tail is the head as it was: if they differ later, the header write changed the head).
+# with the filesystem unmounted before cryptsetup runs: BEGUN (set before the unmount, kept until
+# the init ended) says cryptsetup runs on this LV only after COPIED, so without COPIED the head is
+# as it was whatever the tail holds; COPIED (set once the copy reads back equal, dropped before
+# any mount of the XFS from the LV) says the tail is the head as it was unmounted, so a head that
+# differs was changed by the header write. Both go once the init ended.
 HEAD_COPY_BEGUN_TAG = "hana_storage_head_copy_begun"
 HEAD_COPIED_TAG = "hana_storage_head_copied"
 HEAD_COPY_TAGS = (HEAD_COPY_BEGUN_TAG, HEAD_COPIED_TAG)
@@ -156,13 +158,24 @@ def data_shift(room):
     return room // 2
 
 
+COPY_BLOCK = 4096  # what a cut write leaves whole: a block of a copy is all there or not at all
+
+
 def tail_state(head, tail):
-    """What the last ``data_shift`` bytes of a tagged LV hold: "zero" (as the extension left
-    them), "copy" (of the LV's first bytes: an --init-only moved them and its header is not
-    written yet, or was, and the device reads LUKS) or "other"."""
+    """What the last ``data_shift`` bytes of a tagged LV hold against its first: "zero" (as the
+    extension left them), "copy" (of the LV's first bytes), "partial" (each block either the
+    head's or zeros: a copy cut off part-way, the head as it was) or "other" (blocks where the
+    head differs from data in the tail: the head changed after a copy, by a header write or a
+    mounted XFS)."""
     if not tail.strip(b"\0"):
         return "zero"
-    return "copy" if head == tail else "other"
+    if head == tail:
+        return "copy"
+    for at in range(0, len(tail), COPY_BLOCK):
+        block = tail[at : at + COPY_BLOCK]
+        if block != head[at : at + COPY_BLOCK] and block.strip(b"\0"):
+            return "other"
+    return "partial"
 
 
 def sector_size(wanted, fs_sector):
@@ -176,13 +189,17 @@ def stage(facts):
     """(stage, why) of a volume from its facts:
 
     {"signature": "xfs" | "crypto_LUKS" | other | "", "reencryption": header fact or None,
-    "tail": "zero" | "copy" | "other" | None (see tail_state; None: the LV was not grown for
-    the header), "head_copy": "copied" | "begun" | None (head_copy),
+    "tail": "zero" | "copy" | "partial" | "other" | None (see tail_state; None: the LV was not
+    grown for the header), "head_copy": "copied" | "begun" | None (head_copy),
     "mapped": the crypt mapping exists, "running": the unit is active,
     "leftovers": [cryptsetup's hotzone/overlay devices of the mapping],
     "suspended": [the mapping and those of its leftovers that are suspended]}.
     """
     signature, underway = facts["signature"], facts.get("reencryption")
+    if signature != "crypto_LUKS" and facts.get("running"):
+        return "foreign", (
+            "is being changed by a cryptsetup reencrypt the formula did not start: let it end, or stop it"
+        )
     if signature == "xfs" and facts.get("mapped"):
         return "foreign", "holds an unencrypted XFS, and its crypt name is taken by another mapping"
     if signature in ("xfs", "") and facts.get("tail") is not None:
@@ -224,7 +241,7 @@ def stage(facts):
 
 def _cut_init(facts):
     """(stage, why) of an LV grown for the header that holds no LUKS header, when an init was cut
-    off on it; None when its head is intact (cryptsetup has not written it: "plain" goes on)."""
+    off on it; None when its head is as it was (cryptsetup has not written it: "plain" goes on)."""
     copy, tail = facts.get("head_copy"), facts["tail"]
     # also when the XFS was mounted from the LV since (a boot through fstab) and changed its
     # head: no fact tells that from a torn header write, so the admin is asked (the refusal)
@@ -233,11 +250,13 @@ def _cut_init(facts):
             "holds no LUKS2 header, and its first bytes no longer match the copy the formula made of "
             "them in its room: cryptsetup reencrypt --init-only was cut off while writing the header"
         )
-    if copy is None and tail == "other":
+    if copy is None and tail in ("partial", "other"):
+        half = (
+            "copying them there" if tail == "partial" else "writing the header (or the XFS was mounted since)"
+        )
         return "unclear", (
-            "holds no LUKS2 header, and its room neither zeros nor a copy of its first bytes: an "
-            "init by an earlier version of the formula was cut off, while copying them there or "
-            "while writing the header"
+            "holds no LUKS2 header, and its room neither zeros nor a copy of its first bytes, and no tag "
+            f"of the formula's own copy: an init by an earlier version of the formula was cut off while {half}"
         )
     if not facts["signature"]:
         return "foreign", "holds neither an XFS nor a LUKS2 header, though the formula grew it for one"

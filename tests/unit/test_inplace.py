@@ -334,8 +334,9 @@ def test_test_mode_says_every_step_and_runs_nothing(host, opts):
         "would extend /dev/vg_hana_data/lv_hana_data by 33554432 bytes",
         "zero its room beyond 536870912 bytes",
         "record /dev/vg_hana_data/lv_hana_data's size (536870912 bytes)",
-        "unmount /hana/data; tag the copy of its first bytes begun; copy its first 16 MiB to the end "
+        "tag the copy of its first bytes begun; unmount /hana/data; copy its first 16 MiB to the end "
         "of its room; read the copy back; tag the copy complete; write the LUKS2 header (4096-byte sectors)",
+        "drop the copy's tags",
         "mount /dev/mapper/hana_data at /hana/data",
         "start hana-storage-encrypt-hana_data.service",
     ):
@@ -351,11 +352,12 @@ def test_the_apply_runs_the_steps_in_order_and_says_the_downtime(host):
         ["lvextend", "--extents"],
         ["dd", "if=/dev/zero"],
         ["lvchange", "--addtag"],
+        ["lvchange", "--deltag"],
         ["umount", "/hana/data"],
-        ["lvchange", "--deltag"],
         ["dd", "if=/dev/vg_hana_data/lv_hana_data"],
-        ["lvchange", "--deltag"],
+        ["lvchange", "--addtag"],
         ["cryptsetup", "reencrypt"],
+        ["lvchange", "--deltag"],
         ["mount", "-t"],
         ["systemctl", "reset-failed"],
         ["systemd-run", "--unit=hana-storage-encrypt-hana_data.service"],

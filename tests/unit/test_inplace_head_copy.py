@@ -10,6 +10,7 @@ back over the head (dd ... skip=... count=16), which zeroes the part of the volu
 the copy had not reached. Real images, real dd, the host module's own reads."""
 
 import os
+import re
 import shutil
 import subprocess
 from unittest.mock import MagicMock
@@ -123,7 +124,7 @@ def test_a_power_cut_in_the_middle_of_the_copy_goes_on_and_the_head_is_copied_wh
     _cut_copy(image, head, 5)
     real.tags.append(inplace.HEAD_COPY_BEGUN_TAG)
     ret, ran, facts = _apply(real, monkeypatch, tmp_path, image)
-    assert (facts["tail"], facts["head_copy"]) == ("other", "begun")
+    assert (facts["tail"], facts["head_copy"]) == ("partial", "begun")
     assert ret["result"] is True, ret["comment"]
     assert ret["changes"]["encrypting"]["from"] == "plain"
     programs = [argv[0] for argv in ran]
@@ -133,20 +134,25 @@ def test_a_power_cut_in_the_middle_of_the_copy_goes_on_and_the_head_is_copied_wh
     assert _tail(image) == head  # ...and copied whole
 
 
-def test_without_a_tag_a_cut_copy_is_refused_with_how_to_tell_which_half_is_whole(
+def test_without_a_tag_a_cut_copy_is_refused_and_the_room_zeroed_as_it_says(
     grown, real, monkeypatch, tmp_path
 ):
-    """An init of the formula before this copy (cryptsetup made it): the tail part copy, part
-    zeros. Refused, and the advice tells the head from the tail by the filesystem's state, never
-    blindly copying the tail over the head."""
+    """An init of the formula before this copy (cryptsetup made it, no tags): the tail part copy,
+    part zeros. Refused: every block where the room differs from the head is zeros, so the head
+    is whole, and the advice zeroes the room, never copying it over the head."""
     image, head = grown
     _cut_copy(image, head, 5)
-    ret, ran, _ = _apply(real, monkeypatch, tmp_path, image)
-    assert ret["result"] is False and "xfs_repair -n" in ret["comment"], ret["comment"]
-    assert "if it is clean" in ret["comment"] and "if it is damaged" in ret["comment"], ret["comment"]
+    ret, ran, facts = _apply(real, monkeypatch, tmp_path, image)
+    assert facts["tail"] == "partial" and ret["result"] is False, ret["comment"]
     assert ran == [] or all(argv[0] in ("blkid", "xfs_db") for argv in ran), ran
+    (advice,) = [text.split() for text in re.findall(r"\((dd [^)]*)\)", ret["comment"])]
+    assert advice[1] == "if=/dev/zero", ret["comment"]
+    assert subprocess.run(advice, capture_output=True).returncode == 0
     with open(image, "rb") as handle:
         assert handle.read(SHIFT) == head
+    assert not _tail(image).strip(b"\0")
+    again, _, facts = _apply(real, monkeypatch, tmp_path, image)
+    assert facts["tail"] == "zero" and again["result"] is True, again["comment"]
 
 
 def test_a_header_write_cut_after_a_complete_copy_is_refused_with_the_copy_back(
@@ -164,31 +170,39 @@ def test_a_header_write_cut_after_a_complete_copy_is_refused_with_the_copy_back(
     assert _tail(image) == head
 
 
-def test_a_copy_that_matches_is_not_made_again(host):
+@pytest.mark.parametrize("mounted_from,copied", [(None, False), ("device", True)])
+def test_a_copy_that_matches_is_made_again_unless_it_was_read_unmounted(host, mounted_from, copied):
+    """Read while the XFS is mounted, a matching copy says nothing of what HANA writes until the
+    unmount: it is made again after it."""
     host["hana_storage_host.in_place_facts"].return_value = dict(
         HOST_FACTS,
-        lv_tags=[inplace.plain_tag(512 * 1024 * 1024), inplace.HEAD_COPIED_TAG],
+        lv_tags=[inplace.plain_tag(512 * MIB), inplace.HEAD_COPY_BEGUN_TAG, inplace.HEAD_COPIED_TAG],
         head_copy="copied",
         tail="copy",
         device_bytes=544 * MIB,
+        mounted_from=mounted_from,
     )
     ret = states.encrypted_in_place(
         "hana_data", "/dev/vg_hana_data/lv_hana_data", "/hana/data", "/k", LUKS, 2, 64, ["noatime"]
     )
     assert ret["result"] is True, ret
-    ran = [c.args[0][:2] for c in host["cmd.run_all"].call_args_list]
-    assert ran[:3] == [["umount", "/hana/data"], ["cryptsetup", "reencrypt"], ["mount", "-t"]], ran
+    ran = [c.args[0][0] for c in host["cmd.run_all"].call_args_list]
+    assert ("dd" in ran[: ran.index("cryptsetup")]) is copied, ran
 
 
 @pytest.mark.parametrize("failing", ["dd", "lvchange"])
-def test_a_copy_that_fails_drops_its_tags_and_mounts_the_lv_back(host, failing):
-    """Mounted again, the XFS changes its first bytes: a copy still tagged complete would then
-    say a header write was cut off. The tags go before the mount."""
+def test_a_copy_that_fails_after_the_unmount_mounts_the_lv_back(host, failing):
+    """Before cryptsetup, the head is as it was: mounted back at once (the begun tag stays, so
+    the next run copies again; no LVM write stands between the failure and the mount)."""
     calls = []
 
     def run_all(argv, **kwargs):
         calls.append(argv)
-        copying = argv[1] != "if=/dev/zero" if argv[0] == "dd" else inplace.HEAD_COPY_BEGUN_TAG in argv[-2:]
+        copying = (
+            argv[1] != "if=/dev/zero"
+            if argv[0] == "dd"
+            else argv[1:3] == ["--addtag", inplace.HEAD_COPIED_TAG]
+        )
         bad = argv[0] == failing and copying
         return {"retcode": 1 if bad else 0, "stdout": "", "stderr": "I/O error" if bad else ""}
 
@@ -197,11 +211,10 @@ def test_a_copy_that_fails_drops_its_tags_and_mounts_the_lv_back(host, failing):
         "hana_data", "/dev/vg_hana_data/lv_hana_data", "/hana/data", "/k", LUKS, 2, 64, ["noatime"]
     )
     assert ret["result"] is False and "mounted back" in ret["comment"], ret["comment"]
-    after = calls[[a[0] for a in calls].index("umount") :]
-    untag = next(a for a in after if a[0] == "lvchange" and a[1] == "--deltag" and "--addtag" not in a)
-    assert set(inplace.HEAD_COPY_TAGS) <= set(untag), untag
-    assert after.index(untag) < [a[0] for a in after].index("mount")
-    assert not [a for a in calls if a[0] == "cryptsetup"]
+    programs = [a[0] for a in calls]
+    failed = max(i for i, a in enumerate(calls) if a[0] == failing)
+    assert programs[failed + 1 :] == ["mount"], programs
+    assert "cryptsetup" not in programs
 
 
 @pytest.mark.parametrize("held,mounted", [("copy", True), ("other", False)])

@@ -227,7 +227,7 @@ def cut_in_the_copy(request, vm):
     cut_power_after(vm, 32 + 8, "state.apply, its power cut in the middle of the head's copy")
     again = boot_again(request, vm)
     again.run(
-        f"mount -o noatime {LV} {MOUNT} && "
+        f"mkdir -p {MOUNT} && mount -o noatime {LV} {MOUNT} && "
         f'echo "UUID=$(blkid -s UUID -o value {LV}) {MOUNT} xfs noatime 0 0" >>/etc/fstab',
         check=True,
         title="mounting the XFS from the LV, as the boot's fstab would",
