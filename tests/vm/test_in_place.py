@@ -241,8 +241,8 @@ def cut_in_the_copy(request, vm):
 
 def test_a_power_cut_in_the_copy_of_the_head_leaves_every_byte_as_it_was(cut_in_the_copy):
     vm = cut_in_the_copy
-    # the copy was cut part-way (the tail part copy, part zeros): what the old route called torn
-    assert (vm.facts["head_copy"], vm.facts["tail"], vm.facts["signature"]) == ("begun", "other", "xfs"), (
+    # the copy was cut part-way (the tail part copy, part zeros, the head whole): once called torn
+    assert (vm.facts["head_copy"], vm.facts["tail"], vm.facts["signature"]) == ("begun", "partial", "xfs"), (
         vm.facts
     )
     assert (file_sum(vm), raw_sum(vm, LV)) == vm.sums
