@@ -587,6 +587,27 @@ def encrypted_in_place(
     max_mib_s
         At most this many MiB/s read and written by the encryption (hana:storage:in_place).
     """
+    ret = _encrypt_in_place(
+        name, device, mountpoint, key_file, luks, stripes, stripe_kib, mount_options, max_mib_s
+    )
+    # the copy's tags left on an LV that holds a LUKS2 header (a run cut off after the init) go
+    # in any run: were the volume made anew on the LV, they would call its new head torn
+    stale = ret.pop("copy_tags", None)
+    if stale and __opts__["test"]:
+        ret["comment"] += f" Would drop the LVM tags {', '.join(stale)} its copy left."
+        ret["result"] = None if ret["result"] is True else ret["result"]
+    elif stale:
+        ok, err = _copy_untag(device, *stale)()
+        if ok:
+            ret["changes"]["copy_tags_dropped"] = stale
+        else:
+            ret["comment"] += f" The LVM tags {', '.join(stale)} its copy left stay: {err}."
+    return ret
+
+
+def _encrypt_in_place(
+    name, device, mountpoint, key_file, luks, stripes, stripe_kib, mount_options, max_mib_s
+):
     ret = _ret(name)
     try:
         found = __salt__["hana_storage_host.lv_room"](device)
@@ -600,6 +621,8 @@ def encrypted_in_place(
     except (core.inplace.InPlaceError, CommandExecutionError) as error:
         return _done(ret, f"cannot tell where the encryption of {device} stands: {error}", result=False)
     stage, why = core.inplace.stage(facts)
+    if facts["signature"] == "crypto_LUKS":
+        ret["copy_tags"] = [t for t in core.inplace.HEAD_COPY_TAGS if t in facts.get("lv_tags", ())]
     if stage == "done" and facts.get("key_day"):
         return _date_in_place_key(ret, device, why, facts["key_day"])
     if stage in ("done", "blank"):
@@ -705,9 +728,9 @@ def encrypted_in_place(
             ret["comment_note"] = f" (its copy's LVM tags stay: {err})"
             continue
         if not ok:
-            back = ""
-            if down is not None and step in (*_BEFORE_THE_HEADER, "init"):
-                back = _mount_back(device, mountpoint, options, core.inplace.data_shift(room), step)
+            back = _after_a_failed_step(
+                device, mountpoint, options, core.inplace.data_shift(room), step, down
+            )
             return _done(
                 ret, f"{name}: {what} failed: {err}.{back} Apply again to go on from here.", result=False
             )
@@ -853,34 +876,43 @@ def _token_remove(device, token_id):
     return ["cryptsetup", "token", "remove", "--token-id", str(token_id), device]
 
 
-# the steps after the unmount that leave the LV's first bytes as they were when they fail;
-# cryptsetup's init too, unless it got to the header (_mount_back reads the copy again)
+# where the refusal of an earlier version's cut init has the admin save the LV's room, before
+# anything is written (root's own directory: the room holds the volume's plaintext)
+ROOM_SAVE_DIR = "/root"
+
+# the steps that leave the LV's first bytes as they were when they fail (the head is not
+# written before cryptsetup's init; the init's own failure is told by the copy, read again)
 _BEFORE_THE_HEADER = ("copy", "verify", "copied")
 
 
-def _mount_back(device, mountpoint, options, shift, step):
-    """After ``step`` failed with the filesystem unmounted: the LV mounted again, while its
-    first bytes are as they were (before cryptsetup's init, or after one that did not change
-    them) and it reads as the XFS it was. A copy tagged complete goes first: mounted, the XFS
-    changes its first bytes, and the tag would then say a header write was cut off (the begun
-    tag stays: cryptsetup has not written the head, the next run copies it again). Returns what
-    was done, for the comment."""
-    signatures, _ = __salt__["hana_storage_host.signatures"](device)
-    if [s["type"] for s in signatures] != ["xfs"]:
-        return f" {device} no longer reads as an XFS: {mountpoint} stays unmounted."
-    if step not in _BEFORE_THE_HEADER:
-        try:
-            held = __salt__["hana_storage_host.tail_state"](device, shift)
-        except CommandExecutionError as error:
-            return f" {device} cannot be read ({error}): {mountpoint} stays unmounted."
-        if held != "copy":
-            return (
-                f" Its first bytes no longer match their copy in its room: {mountpoint} stays unmounted "
-                "(apply again: the next run says what to do)."
-            )
-        ok, err = _copy_untag(device, core.inplace.HEAD_COPIED_TAG)()
-        if not ok:
-            return f" Its copy's LVM tag could not be removed ({err}): {mountpoint} stays unmounted."
+def _after_a_failed_step(device, mountpoint, options, shift, step, down):
+    """What a failed ``step`` of the plain route leaves, for the comment: before the init, the
+    LV mounted back at once (the begun tag stays: the next run copies again); after a failed
+    init whose head still matches the copy, the complete tag dropped first (mounted, the XFS
+    changes its head, and the tag would then call it torn) and the LV mounted back if this run
+    unmounted it; else, the LV left as it is for the next run to judge."""
+    if step in _BEFORE_THE_HEADER:
+        return _mount(device, mountpoint, options) if down is not None else ""
+    if step != "init":
+        return ""
+    try:
+        held = __salt__["hana_storage_host.tail_state"](device, shift)
+    except CommandExecutionError as error:
+        held = f"unreadable ({error})"
+    if held != "copy":
+        left = f"{mountpoint} stays unmounted" if down is not None else "nothing more was done"
+        return (
+            f" Its first bytes no longer match their copy in its room ({held}): {left} (apply again: "
+            "the next run says what to do)."
+        )
+    ok, err = _copy_untag(device, core.inplace.HEAD_COPIED_TAG)()
+    if not ok:
+        left = f"{mountpoint} stays unmounted" if down is not None else "do not mount it from the LV"
+        return f" Its copy's LVM tag could not be removed ({err}): {left}."
+    return _mount(device, mountpoint, options) if down is not None else ""
+
+
+def _mount(device, mountpoint, options):
     ok, err = _run(["mount", "-t", "xfs", "-o", options, device, mountpoint])
     return f" {device} mounted back at {mountpoint}." if ok else f" Mounting {device} back failed: {err}."
 
@@ -958,46 +990,54 @@ def _head_copy(device, shift):
 def _cut_init_advice(device, mountpoint, stage, why, room, facts):
     """The refusal of an LV whose init was cut off (inplace stages "torn" and "unclear"): what
     brings its first bytes back, by the copy's tags and what its room holds (inplace.tail_state),
-    in exact bytes; first, when the XFS is mounted from it, that it must not be."""
+    in exact bytes. While the XFS is mounted from the LV its head is live and newer than the room:
+    the copy is then made again, never copied back (unless the unmounted XFS proves damaged). An
+    earlier version's LV (no tags) has its room saved to a file before anything is written."""
     shift = core.inplace.data_shift(room)
     tail_at = facts["device_bytes"] - shift
+    lv = _lv_name(device)
+    first = f"its first {shift} bytes"
     back = (
         f"dd if={device} of={device} bs=1M skip={tail_at} count={shift} "
         "iflag=skip_bytes,count_bytes,direct oflag=direct conv=notrunc,fsync"
     )
-    zero = (
-        f"dd if=/dev/zero of={device} bs=1M seek={tail_at} count={shift} "
-        "iflag=count_bytes oflag=seek_bytes,direct conv=notrunc,fsync"
+    again = (
+        f"lvchange --deltag {core.inplace.HEAD_COPIED_TAG} --addtag {core.inplace.HEAD_COPY_BEGUN_TAG} {lv}"
     )
-    first = f"its first {shift} bytes"
-    unmount = (
-        f"{mountpoint} is mounted from {device}: stop HANA and unmount it before anything else (its "
-        "first bytes may be newer than the copy). Then: "
-        if facts.get("mounted_from") == "device"
+    saved = os.path.join(ROOM_SAVE_DIR, f"{lv.replace('/', '-')}.room")
+    save = (
+        f"save the room (dd if={device} of={saved} bs=1M skip={tail_at} count={shift} "
+        "iflag=skip_bytes,count_bytes conv=fsync), "
+        if stage == "unclear"
         else ""
     )
-    if stage == "torn":
+    if facts.get("mounted_from") == "device":
+        advice = (
+            f"{mountpoint} is mounted from {device}: its first bytes are live, newer than its room. Stop "
+            f"HANA, unmount it, {save}have the copy made again ({again}) and apply again. Only if "
+            f"xfs_repair -n {device} then reports damage did the header write tear {first}: copy them "
+            f"back from the room instead ({back})"
+        )
+    elif stage == "torn":
         advice = (
             f"{first} are in its last {shift} bytes: copy them back ({back}), check the filesystem "
             f"(xfs_repair -n {device}), and apply again. Only if the XFS was mounted from {device} since "
             "the copy (a boot through /etc/fstab) and HANA wrote to it, its first bytes are newer than "
-            f"the copy: then say the copy is to be made again instead (lvchange --deltag "
-            f"{core.inplace.HEAD_COPIED_TAG} --addtag {core.inplace.HEAD_COPY_BEGUN_TAG} {_lv_name(device)}) "
-            "and apply again"
+            f"the copy: then have the copy made again instead ({again}) and apply again"
         )
     elif facts.get("tail") == "partial":
         advice = (
-            f"every block where its room differs from {first} is zeros: the copy was cut off and {first} "
-            f"are as they were. Zero the room ({zero}) and apply again"
+            f"every sector where its room differs from {first} is zeros: the copy was cut off and {first} "
+            f"are as they were: {save}have the copy made again ({again}) and apply again"
         )
     else:
         advice = (
             f"its room holds data where {first} differ: the header write was cut off, and {first} are "
-            f"in its last {shift} bytes: copy them back ({back}), check the filesystem (xfs_repair -n "
-            f"{device}), and apply again. Only if the XFS was mounted from {device} since and HANA wrote "
-            f"to it, {first} are newer: then zero the room instead ({zero}) and apply again"
+            f"in its last {shift} bytes: {save}copy them back ({back}), check the filesystem (xfs_repair "
+            f"-n {device}), and apply again. Only if the XFS was mounted from {device} since and HANA "
+            f"wrote to it, {first} are newer: then have the copy made again instead ({again}) and apply again"
         )
-    return f"refusing to encrypt {device} in place: it {why}. {unmount}{advice}. Nothing was changed."
+    return f"refusing to encrypt {device} in place: it {why}. {advice}. Nothing was changed."
 
 
 def _header_room(device, room, stripes, stripe_kib, found, facts):

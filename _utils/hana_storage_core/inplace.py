@@ -158,13 +158,15 @@ def data_shift(room):
     return room // 2
 
 
-COPY_BLOCK = 4096  # what a cut write leaves whole: a block of a copy is all there or not at all
+# what a cut write leaves whole: a sector of a copy is all there or not at all (512e and 512n
+# LUNs persist 512 bytes at a time)
+COPY_BLOCK = 512
 
 
 def tail_state(head, tail):
     """What the last ``data_shift`` bytes of a tagged LV hold against its first: "zero" (as the
-    extension left them), "copy" (of the LV's first bytes), "partial" (each block either the
-    head's or zeros: a copy cut off part-way, the head as it was) or "other" (blocks where the
+    extension left them), "copy" (of the LV's first bytes), "partial" (each sector either the
+    head's or zeros: a copy cut off part-way, the head as it was) or "other" (sectors where the
     head differs from data in the tail: the head changed after a copy, by a header write or a
     mounted XFS)."""
     if not tail.strip(b"\0"):

@@ -134,25 +134,35 @@ def test_a_power_cut_in_the_middle_of_the_copy_goes_on_and_the_head_is_copied_wh
     assert _tail(image) == head  # ...and copied whole
 
 
-def test_without_a_tag_a_cut_copy_is_refused_and_the_room_zeroed_as_it_says(
+def test_without_a_tag_a_cut_copy_is_refused_and_the_copy_made_again_as_it_says(
     grown, real, monkeypatch, tmp_path
 ):
     """An init of the formula before this copy (cryptsetup made it, no tags): the tail part copy,
-    part zeros. Refused: every block where the room differs from the head is zeros, so the head
-    is whole, and the advice zeroes the room, never copying it over the head."""
+    part zeros. Refused: every sector where the room differs from the head is zeros, so the head
+    is whole; the advice saves the room and has the copy made again, never copying the room over
+    the head."""
     image, head = grown
     _cut_copy(image, head, 5)
+    monkeypatch.setattr(states, "ROOM_SAVE_DIR", str(tmp_path))
     ret, ran, facts = _apply(real, monkeypatch, tmp_path, image)
     assert facts["tail"] == "partial" and ret["result"] is False, ret["comment"]
     assert ran == [] or all(argv[0] in ("blkid", "xfs_db") for argv in ran), ran
-    (advice,) = [text.split() for text in re.findall(r"\((dd [^)]*)\)", ret["comment"])]
-    assert advice[1] == "if=/dev/zero", ret["comment"]
-    assert subprocess.run(advice, capture_output=True).returncode == 0
+    save, retag = [text.split() for text in re.findall(r"\(((?:dd|lvchange) [^)]*)\)", ret["comment"])]
+    assert save[1] == f"if={image}" and save[2].startswith(f"of={tmp_path}/"), save
+    assert subprocess.run(save, capture_output=True).returncode == 0
+    assert retag[:5] == [
+        "lvchange",
+        "--deltag",
+        inplace.HEAD_COPIED_TAG,
+        "--addtag",
+        inplace.HEAD_COPY_BEGUN_TAG,
+    ]
+    real.tags.append(inplace.HEAD_COPY_BEGUN_TAG)
+    again, _, facts = _apply(real, monkeypatch, tmp_path, image)
+    assert facts["head_copy"] == "begun" and again["result"] is True, again["comment"]
     with open(image, "rb") as handle:
         assert handle.read(SHIFT) == head
-    assert not _tail(image).strip(b"\0")
-    again, _, facts = _apply(real, monkeypatch, tmp_path, image)
-    assert facts["tail"] == "zero" and again["result"] is True, again["comment"]
+    assert _tail(image) == head
 
 
 def test_a_header_write_cut_after_a_complete_copy_is_refused_with_the_copy_back(
