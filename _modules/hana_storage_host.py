@@ -1438,11 +1438,12 @@ def in_place_facts(device, crypt_name, mountpoint, shift=None):
         and core.reencrypt.volume_key_date(header, datetime.date.today()) is None
     )
     unencrypted = signature in ("xfs", "")  # "": an init cut off may have torn the XFS's superblock
-    # read whatever the LV holds: the copy's tags left on a LUKS2 LV are dropped
-    tags, error = _run(["lvs", "--noheadings", "-o", "lv_tags", device])
-    if error:
+    # read whatever the LV holds (the copy's tags left on a LUKS2 LV are dropped), past the
+    # suspended devices a killed re-encryption may leave in the stack: LVM waits on them
+    tags, error = _run(["lvs", *core.lvm.NO_SUSPENDED, "--noheadings", "-o", "lv_tags", device])
+    if error and (unencrypted or no_date):
         raise CommandExecutionError(f"the tags of {device} cannot be read: {error}")
-    facts["lv_tags"] = [t for t in tags.strip().split(",") if t]
+    facts["lv_tags"] = [] if error else [t for t in tags.strip().split(",") if t]
     facts["key_day"] = core.inplace.tagged_key_day(facts["lv_tags"]) if no_date else None
     facts["head_copy"] = core.inplace.head_copy(facts["lv_tags"])
     if unencrypted and shift and any(t.startswith(core.inplace.PLAIN_TAG) for t in facts["lv_tags"]):

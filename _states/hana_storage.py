@@ -592,7 +592,7 @@ def encrypted_in_place(
     )
     # the copy's tags left on an LV that holds a LUKS2 header (a run cut off after the init) go
     # in any run: were the volume made anew on the LV, they would call its new head torn
-    stale = ret.pop("copy_tags", None)
+    stale = ret.pop("copy_tags", None) if ret["result"] is not False else None
     if stale and __opts__["test"]:
         ret["comment"] += f" Would drop the LVM tags {', '.join(stale)} its copy left."
         ret["result"] = None if ret["result"] is True else ret["result"]
@@ -621,7 +621,9 @@ def _encrypt_in_place(
     except (core.inplace.InPlaceError, CommandExecutionError) as error:
         return _done(ret, f"cannot tell where the encryption of {device} stands: {error}", result=False)
     stage, why = core.inplace.stage(facts)
-    if facts["signature"] == "crypto_LUKS":
+    # a header that opens (in this run, or earlier) makes the copy moot: the wrapper drops its tags
+    # when the run succeeds
+    if stage in ("closed", "crashed", "paused", "running", "done"):
         ret["copy_tags"] = [t for t in core.inplace.HEAD_COPY_TAGS if t in facts.get("lv_tags", ())]
     if stage == "done" and facts.get("key_day"):
         return _date_in_place_key(ret, device, why, facts["key_day"])
@@ -740,6 +742,8 @@ def _encrypt_in_place(
             ret["changes"]["downtime_s"] = round(time.monotonic() - down, 1)
     ret["changes"]["encrypting"] = {"device": device, "unit": unit, "from": stage}
     note = ret.pop("comment_note", "")
+    if os.path.exists(_saved_room(device)):
+        note += f" {_saved_room(device)} holds a plaintext copy of its room: shred -u it."
     return _done(ret, f"{name} {why}: {plan} ({round(time.monotonic() - began, 1)} s){note}")
 
 
@@ -928,22 +932,23 @@ def _copy_begun(device):
     return (
         "copy-begun",
         "tag the copy of its first bytes begun",
-        [
-            "lvchange",
-            "--deltag",
-            core.inplace.HEAD_COPIED_TAG,
-            "--addtag",
-            core.inplace.HEAD_COPY_BEGUN_TAG,
-            _lv_name(device),
-        ],
+        _lvchange_tags(
+            device, "--deltag", core.inplace.HEAD_COPIED_TAG, "--addtag", core.inplace.HEAD_COPY_BEGUN_TAG
+        ),
     )
 
 
 def _copy_untag(device, *tags):
     def untag():
-        return _run(["lvchange", *(a for t in tags for a in ("--deltag", t)), _lv_name(device)])
+        return _run(_lvchange_tags(device, *(a for t in tags for a in ("--deltag", t))))
 
     return untag
+
+
+def _lvchange_tags(device, *changes):
+    """lvchange of the LV's tags, past suspended devices (a killed re-encryption's stack above
+    the LV: LVM would wait on them for good)."""
+    return ["lvchange", *core.lvm.NO_SUSPENDED, *changes, _lv_name(device)]
 
 
 def _head_copy(device, shift):
@@ -979,12 +984,13 @@ def _head_copy(device, shift):
     return [
         ("copy", f"copy its first {shift // core.inplace.MIB} MiB to the end of its room", copy),
         ("verify", "read the copy back", verify),
-        (
-            "copied",
-            "tag the copy complete",
-            ["lvchange", "--addtag", core.inplace.HEAD_COPIED_TAG, _lv_name(device)],
-        ),
+        ("copied", "tag the copy complete", _lvchange_tags(device, "--addtag", core.inplace.HEAD_COPIED_TAG)),
     ]
+
+
+def _saved_room(device):
+    """Where the refusal of an earlier version's cut init has the LV's room saved."""
+    return os.path.join(ROOM_SAVE_DIR, f"{_lv_name(device).replace('/', '-')}.room")
 
 
 def _cut_init_advice(device, mountpoint, stage, why, room, facts):
@@ -1004,10 +1010,11 @@ def _cut_init_advice(device, mountpoint, stage, why, room, facts):
     again = (
         f"lvchange --deltag {core.inplace.HEAD_COPIED_TAG} --addtag {core.inplace.HEAD_COPY_BEGUN_TAG} {lv}"
     )
-    saved = os.path.join(ROOM_SAVE_DIR, f"{lv.replace('/', '-')}.room")
+    saved = _saved_room(device)
     save = (
         f"save the room (dd if={device} of={saved} bs=1M skip={tail_at} count={shift} "
-        "iflag=skip_bytes,count_bytes conv=fsync), "
+        "iflag=skip_bytes,count_bytes conv=excl,fsync) - a plaintext copy: shred -u it once the "
+        "encryption runs - then "
         if stage == "unclear"
         else ""
     )

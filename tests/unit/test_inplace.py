@@ -352,12 +352,12 @@ def test_the_apply_runs_the_steps_in_order_and_says_the_downtime(host):
         ["lvextend", "--extents"],
         ["dd", "if=/dev/zero"],
         ["lvchange", "--addtag"],
-        ["lvchange", "--deltag"],
+        ["lvchange", "--config"],  # the copy begun
         ["umount", "/hana/data"],
         ["dd", "if=/dev/vg_hana_data/lv_hana_data"],
-        ["lvchange", "--addtag"],
+        ["lvchange", "--config"],  # the copy complete
         ["cryptsetup", "reencrypt"],
-        ["lvchange", "--deltag"],
+        ["lvchange", "--config"],  # the copy's tags dropped
         ["mount", "-t"],
         ["systemctl", "reset-failed"],
         ["systemd-run", "--unit=hana-storage-encrypt-hana_data.service"],

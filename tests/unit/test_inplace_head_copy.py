@@ -211,7 +211,7 @@ def test_a_copy_that_fails_after_the_unmount_mounts_the_lv_back(host, failing):
         copying = (
             argv[1] != "if=/dev/zero"
             if argv[0] == "dd"
-            else argv[1:3] == ["--addtag", inplace.HEAD_COPIED_TAG]
+            else argv[-3:-1] == ["--addtag", inplace.HEAD_COPIED_TAG]
         )
         bad = argv[0] == failing and copying
         return {"retcode": 1 if bad else 0, "stdout": "", "stderr": "I/O error" if bad else ""}
