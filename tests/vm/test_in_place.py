@@ -320,9 +320,7 @@ def test_after_a_power_cut_the_apply_opens_and_goes_on(after_power_cut):
     vm = after_power_cut
     assert vm.resumed.retcode == 0, failures(vm.resumed)
     assert in_place_state(vm.resumed)["changes"]["encrypting"]["from"] == "closed"
-    started = time.monotonic()
-    while reencryption_underway(vm, LV) and time.monotonic() - started < 900:
-        time.sleep(5)
+    wait_for_unit_end(vm, UNIT, timeout=900, every=5)
     assert not reencryption_underway(vm, LV), unit_progress(vm, UNIT)
     assert file_sum(vm) == vm.sums[0]
 

@@ -244,7 +244,7 @@ def test_after_the_power_cut_the_apply_opens_it_and_the_re_encryption_goes_on(af
         assert state["changes"]["reencrypting"]["from"] in ("closed", "paused"), state
     assert vm.run(f"findmnt -n -o SOURCE {MOUNT}", echo=False).output.strip() == CRYPT
     for unit in UNITS:
-        wait_for_unit_end(vm, unit)
+        wait_for_unit_end(vm, unit, every=5)
     for device, unit in zip([LV, *LOG_DISKS], UNITS, strict=True):
         assert not reencryption_underway(vm, device), unit_progress(vm, unit)
     for meta in [header(vm), *log_headers(vm)]:
