@@ -590,6 +590,7 @@ def encrypted_in_place(
     ret = _encrypt_in_place(
         name, device, mountpoint, key_file, luks, stripes, stripe_kib, mount_options, max_mib_s
     )
+    ret["comment"] += ret.pop("comment_note", "")
     # the copy's tags left on an LV that holds a LUKS2 header (a run cut off after the init) go
     # in any run: were the volume made anew on the LV, they would call its new head torn
     stale = ret.pop("copy_tags", None) if ret["result"] is not False else None
@@ -741,9 +742,8 @@ def _encrypt_in_place(
         if step == "mount":
             ret["changes"]["downtime_s"] = round(time.monotonic() - down, 1)
     ret["changes"]["encrypting"] = {"device": device, "unit": unit, "from": stage}
-    note = ret.pop("comment_note", "")
-    if os.path.exists(_saved_room(device)):
-        note += f" {_saved_room(device)} holds a plaintext copy of its room: shred -u it."
+    saved = f" {_saved_room(device)} holds a plaintext copy of its room: shred -u it."
+    note = saved if os.path.exists(_saved_room(device)) else ""
     return _done(ret, f"{name} {why}: {plan} ({round(time.monotonic() - began, 1)} s){note}")
 
 

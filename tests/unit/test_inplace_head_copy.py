@@ -243,3 +243,18 @@ def test_after_a_failed_init_the_lv_is_mounted_back_only_while_its_head_matches_
     after_init = ran[ran.index("cryptsetup") + 1 :]
     assert ("mount" in after_init) is mounted, (after_init, ret["comment"])
     assert ("stays unmounted" in ret["comment"]) is not mounted, ret["comment"]
+
+
+def test_a_failed_drop_of_the_tags_after_the_init_is_said_and_leaves_no_stray_key(host):
+    """The init ended: tags left on a LUKS2 LV decide nothing (the next run that opens it drops
+    them), so the run goes on, says so, and returns only Salt's keys."""
+    host["cmd.run_all"].side_effect = lambda argv, **kw: {
+        "retcode": 5 if argv[0] == "lvchange" and "--deltag" in argv and "--addtag" not in argv else 0,
+        "stdout": "",
+        "stderr": "VG is partial",
+    }
+    ret = states.encrypted_in_place(
+        "hana_data", "/dev/vg_hana_data/lv_hana_data", "/hana/data", "/k", LUKS, 2, 64, ["noatime"]
+    )
+    assert ret["result"] is True and "its copy's LVM tags stay: VG is partial" in ret["comment"], ret
+    assert set(ret) == {"name", "changes", "result", "comment"}, ret
