@@ -1527,7 +1527,7 @@ def _reencryption_runs(crypt_name, device):
 def tail_state(device, shift):
     """
     What the last ``shift`` bytes of ``device`` (an LV grown for an encryption in place) hold,
-    against its first ``shift`` bytes, read-only: "zero", "copy" or "other"
+    against its first ``shift`` bytes, read-only: "zero", "copy", "partial" or "other"
     (hana_storage_core.inplace.tail_state).
 
     CLI Example:

@@ -25,6 +25,7 @@ from unittest.mock import MagicMock
 import pytest
 from hana_storage_core import inplace
 
+from tests.support.real_commands import real_run_all as _real_run_all
 from tests.unit.test_inplace import LUKS, PVS, SEGMENTS, states
 from tests.unit.test_module_facts import module  # noqa: F401 - the host module, loaded afresh
 
@@ -38,11 +39,6 @@ def _tools():
     for tool in ("cryptsetup", "mkfs.xfs", "blkid"):
         if not shutil.which(tool):
             pytest.skip(f"{tool} not installed")
-
-
-def _real_run_all(argv, cwd=None, env=None, **_):
-    done = subprocess.run(argv, capture_output=True, text=True, cwd=cwd)
-    return {"retcode": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
 
 
 def _init_argv(image, key):

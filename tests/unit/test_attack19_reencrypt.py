@@ -17,6 +17,7 @@ import subprocess
 import pytest
 from hana_storage_core import luks, reencrypt, rules
 
+from tests.support.real_commands import real_run_all
 from tests.unit.conftest import cryptsetup, rewrite_luks2_json
 from tests.unit.test_events import load
 
@@ -54,12 +55,6 @@ def resume(path, keyfile):
            "--key-file", str(keyfile), str(path)]  # fmt: skip
     done = subprocess.run(run, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-
-
-def real_run_all(argv, stdin=None, cwd=None, env=None, **_):
-    done = subprocess.run(argv, input=stdin, capture_output=True, text=True, cwd=cwd,
-                          env={**os.environ, **(env or {})})  # fmt: skip
-    return {"retcode": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
 
 
 @pytest.fixture

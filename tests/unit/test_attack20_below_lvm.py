@@ -6,12 +6,12 @@ The host facts are hana_storage_host.reencrypt_facts read from real LUKS2 images
 docstring starts with "HOLE" fail on the code they were written against (effe833)."""
 
 import datetime
-import os
 import subprocess
 
 import pytest
 from hana_storage_core import luks, reencrypt
 
+from tests.support.real_commands import real_run_all
 from tests.unit.conftest import cryptsetup
 from tests.unit.test_events import load
 from tests.unit.test_reencrypt import facts_of, header_of
@@ -30,12 +30,6 @@ OK = {"retcode": 0, "stdout": "", "stderr": ""}
 
 def parse(path):
     return luks.parse_header(luks.reader_for(path.read_bytes()))
-
-
-def real_run_all(argv, stdin=None, cwd=None, env=None, **_):
-    done = subprocess.run(argv, input=stdin, capture_output=True, text=True, cwd=cwd,
-                          env={**os.environ, **(env or {})})  # fmt: skip
-    return {"retcode": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
 
 
 def block(dev, dm=None, slaves=(), holders=()):

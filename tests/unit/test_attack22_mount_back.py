@@ -18,6 +18,7 @@ from unittest.mock import MagicMock
 import pytest
 from hana_storage_core import inplace
 
+from tests.support.real_commands import real_run_all
 from tests.unit.test_inplace import LUKS, PVS, SEGMENTS, states
 from tests.unit.test_module_facts import module  # noqa: F401 - the host module, loaded afresh
 
@@ -25,11 +26,6 @@ MIB = 1 << 20
 PLAIN = 320 * MIB  # mkfs.xfs wants 300 MB at least
 ROOM = inplace.header_room(2, 64 * 1024, 4 * MIB)
 SHIFT = inplace.data_shift(ROOM)
-
-
-def real_run_all(argv, cwd=None, env=None, **_):
-    done = subprocess.run(argv, capture_output=True, text=True, cwd=cwd)
-    return {"retcode": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
 
 
 OK = {"retcode": 0, "stdout": "", "stderr": ""}

@@ -14,6 +14,7 @@ from hana_storage_core import events, inplace, luks, reencrypt
 from prometheus_client import CollectorRegistry, generate_latest
 
 from tests.conftest import REPO
+from tests.support.real_commands import real_run_all as _real_run_all
 from tests.unit.test_events import load
 from tests.unit.test_pillar import errors_of, mutate
 
@@ -545,11 +546,6 @@ def host_module(monkeypatch):
     monkeypatch.setattr(module, "_unit_active", lambda unit: False)
     module.__salt__ = {"cmd.run_all": _real_run_all}
     return module
-
-
-def _real_run_all(argv, **_):
-    done = subprocess.run(argv, capture_output=True, text=True)
-    return {"retcode": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
 
 
 def facts_with_tags(module, monkeypatch, image, tags):
