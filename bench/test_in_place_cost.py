@@ -1,6 +1,6 @@
 """What encrypting a volume in place costs, in one boot of the lab (software emulation).
 
-The volume of tests/vm/test_in_place.py: a striped LV (2 x 64 KiB) of 1568 MiB with an XFS and
+The volume of tests/vm/test_in_place.py: a striped LV (2 x 64 KiB) of LV_MIB MiB with an XFS and
 96 MiB of data, encrypted in place by `state.apply hana.storage` with no cap on its I/O.
 
 1. Rate: the bytes of the LV over the time the encryption unit ran (its journal's monotonic

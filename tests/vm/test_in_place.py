@@ -2,7 +2,7 @@
 kernel, with the encryption stopped, killed and its power cut along the way.
 
 The data volume as a host installed before the auditor asked: a striped LV over two disks
-(2 x 64 KiB) of 1568 MiB, an XFS of 1536 MiB on it made with 4 KiB sectors, mounted at /hana/data
+(2 x 64 KiB) of 1088 MiB, an XFS of 1056 MiB on it made with 4 KiB sectors, mounted at /hana/data
 and in /etc/fstab, holding a checksummed file, and 32 MiB of checksummed random bytes in the
 LV's last 32 MiB, beyond the XFS (a raw area: the formula must keep every byte of the LV, not
 only the filesystem's). The pillar gives
@@ -54,7 +54,7 @@ MOUNT = "/hana/data"
 UNIT = inplace.unit_name("hana_data")
 # the raw area: the LV's last 32 MiB, beyond the XFS (less than 64 MiB: an XFS that much smaller
 # than its device is a finding, HANA-LAYOUT-009, and the crypt device grows by 16 MiB at the end)
-LV_MIB, FS_MIB = 1568, 1536  # mkfs.xfs ignores su/sw on an XFS under 1 GiB
+LV_MIB, FS_MIB = 1088, 1056  # mkfs.xfs ignores su/sw on an XFS under 1 GiB
 FILE = f"{MOUNT}/a.bin"
 MIB = 1 << 20
 

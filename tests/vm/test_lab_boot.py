@@ -285,44 +285,74 @@ def readiness(vm):
     return codes(readiness_result(vm))
 
 
-def test_after_the_rotation_the_host_boots_the_lab_layout_without_salt_as_readiness_foresees(vm, built):
-    """Issue 33: the readiness check says yes; with the key file gone it says which lines will not
-    open, and a boot without Salt leaves exactly those locked; with the file back it says yes and
-    the boot opens them."""
-    files = " ".join(f"{m}/keep.bin" for m in MOUNTPOINTS)
+KEPT = " ".join(f"{m}/keep.bin" for m in MOUNTPOINTS)
+
+
+@pytest.fixture(scope="module")
+def kept(vm, built):
+    """A checksummed file on each volume, written before the boots without Salt; its sha256sum
+    output."""
     vm.run(
         f"for m in {' '.join(MOUNTPOINTS)}; do head -c 1M /dev/urandom >$m/keep.bin; done; sync", check=True
     )
-    before = vm.run(f"sha256sum {files}", check=True, echo=False).output
+    return vm.run(f"sha256sum {KEPT}", check=True, echo=False).output
+
+
+# Three boots without Salt, each after readiness said what it would leave locked: the key file
+# gone (its lines), Tang down (Tang's lines), then, Tang's rotated keys deleted and the apply bound
+# anew, every line. A binding Tang can no longer decrypt fails at boot as one whose server is down
+# (Clevis fails either way), so that cause is foreseen by readiness and not booted a fourth time.
+
+
+def test_without_the_key_file_only_its_lines_stay_locked_as_readiness_foresees(vm, built, kept):
+    """Issue 33: the readiness check says yes; with the key file gone it says which lines will not
+    open, and a boot without Salt leaves exactly those locked (Clevis's agent opens the others)."""
     assert readiness(vm) == (True, {})
     vm.run(f"mv {KEY_FILE} {KEY_FILE}.away", check=True)
     key_lines = sorted(set(CRYPTS) - set(TANG_CRYPTS))
-    assert readiness(vm) == (False, dict.fromkeys(key_lines, ["key_file_missing"]))
-    close_storage(vm, MOUNTPOINTS, VGS)
-    assert vm.run("dmsetup ls --target crypt", echo=False).output.strip() in ("", "No devices found")
-    out = boot_without_salt(vm, expect_locked=key_lines)
+    try:
+        assert readiness(vm) == (False, dict.fromkeys(key_lines, ["key_file_missing"]))
+        close_storage(vm, MOUNTPOINTS, VGS)
+        assert vm.run("dmsetup ls --target crypt", echo=False).output.strip() in ("", "No devices found")
+        out = boot_without_salt(vm, expect_locked=key_lines)
+    finally:
+        vm.run(f"mv {KEY_FILE}.away {KEY_FILE}", check=True)
     unlocked = vm.run("cat /tmp/clevis-askpass.log", echo=False).output
     assert unlocked.count("Unlocked") == len(TANG_CRYPTS), unlocked  # Clevis's agent, from Tang
-    vm.run(f"mv {KEY_FILE}.away {KEY_FILE}", check=True)
-    assert readiness(vm) == (True, {})
-    out += boot_without_salt(vm)
-    assert all(f"attach {c} " in out for c in CRYPTS) and all(f"mounted {m}" in out for m in MOUNTPOINTS), out
-    assert vm.run(f"sha256sum {files}", check=True, echo=False).output == before
-    only_the_generic_driver(audit(vm))
+    assert sorted(m for m in MOUNTPOINTS if f"mounted {m}" in out) == ["/hana/backup", "/hana/log"], out
 
 
-def test_a_tang_server_that_deleted_its_rotated_keys_is_foreseen_and_the_apply_binds_anew(vm, built, tang):
+def test_without_tang_only_the_tang_volumes_stay_locked_as_readiness_foresees(vm, built, tang, kept):
+    """The key file back and Tang down: readiness names the Tang lines, and the boot opens the
+    key file's lines and leaves the Tang ones locked; the audit names their mountpoints."""
+    tang.stop()
+    try:
+        assert readiness(vm) == (False, dict.fromkeys(TANG_CRYPTS, ["clevis_fails"]))
+        close_storage(vm, MOUNTPOINTS, VGS)
+        out = boot_without_salt(vm, expect_locked=TANG_CRYPTS, clevis_timeout=10)
+    finally:
+        tang.start()
+    mounted = sorted(m for m in MOUNTPOINTS if f"mounted {m}" in out)
+    assert mounted == ["/hana/data", "/hana/shared"], out
+    assert {(f["rule"], f["mountpoint"]) for f in audit(vm)["findings"] if f["rule"] == "HANA-MOUNT-001"} == {
+        ("HANA-MOUNT-001", "/hana/log"),
+        ("HANA-MOUNT-001", "/hana/backup"),
+    }
+
+
+def test_a_tang_server_that_deleted_its_rotated_keys_is_foreseen_and_the_apply_binds_anew(
+    vm, built, tang, kept
+):
     """Issue 33: Tang's keys rotated and the old ones deleted while the bindings still name them.
-    Readiness says the Tang lines will not open (Clevis cannot decrypt), a boot without Salt
-    leaves exactly those locked; the pillar given the new thumbprint, an apply opens them with the
+    Readiness says the Tang lines will not open (Clevis cannot decrypt); they are locked, as the
+    boot above left them. The pillar given the new thumbprint, an apply opens them with the
     recovery key and binds them anew (clevis luks regen could not: it needs the old binding to
-    unlock); readiness says yes and the next boot opens every line."""
+    unlock); readiness says yes and the next boot opens every line, every file as it was."""
     tang.rotate()
     tang.forget_rotated()
     assert readiness(vm) == (False, dict.fromkeys(TANG_CRYPTS, ["clevis_fails"]))
-    close_storage(vm, MOUNTPOINTS, VGS)
-    out = boot_without_salt(vm, expect_locked=TANG_CRYPTS, clevis_timeout=10)
-    assert sorted(m for m in MOUNTPOINTS if f"mounted {m}" in out) == ["/hana/data", "/hana/shared"], out
+    locked = vm.run("dmsetup ls --target crypt", echo=False).output
+    assert not any(name in locked for name in TANG_CRYPTS), locked
     for volume in ("log", "backup"):
         vm.storage["volumes"][volume]["key"]["servers"][0]["thumbprint"] = tang.thumbprint
     vm.set_pillar(yaml.safe_dump({"hana": {"storage": vm.storage}}))
@@ -335,23 +365,6 @@ def test_a_tang_server_that_deleted_its_rotated_keys_is_foreseen_and_the_apply_b
     assert readiness(vm) == (True, {})
     close_storage(vm, MOUNTPOINTS, VGS)
     out = boot_without_salt(vm)
-    assert all(f"mounted {m}" in out for m in MOUNTPOINTS), out
+    assert all(f"attach {c} " in out for c in CRYPTS) and all(f"mounted {m}" in out for m in MOUNTPOINTS), out
+    assert vm.run(f"sha256sum {KEPT}", check=True, echo=False).output == kept
     only_the_generic_driver(audit(vm))
-
-
-def test_without_tang_only_the_tang_volumes_stay_locked_as_readiness_foresees(vm, built, tang):
-    # the last test of the module: it leaves the Tang volumes locked
-    tang.stop()
-    try:
-        assert readiness(vm) == (False, dict.fromkeys(TANG_CRYPTS, ["clevis_fails"]))
-        close_storage(vm, MOUNTPOINTS, VGS)
-        out = boot_without_salt(vm, expect_locked=TANG_CRYPTS, clevis_timeout=10)
-    finally:
-        tang.start()
-    assert readiness(vm) == (True, {})  # Tang is back: the next boot opens them
-    mounted = sorted(m for m in MOUNTPOINTS if f"mounted {m}" in out)
-    assert mounted == ["/hana/data", "/hana/shared"], out
-    assert {(f["rule"], f["mountpoint"]) for f in audit(vm)["findings"] if f["rule"] == "HANA-MOUNT-001"} == {
-        ("HANA-MOUNT-001", "/hana/log"),
-        ("HANA-MOUNT-001", "/hana/backup"),
-    }

@@ -108,19 +108,17 @@ def test_the_apply_binds_the_tpm2_alone_and_with_tang_and_the_audit_finds_nothin
 
 
 def test_a_changed_pcr_is_named_the_boot_fails_as_foreseen_and_an_apply_binds_anew(vm, built):
-    """Issue 33 §2: readiness says yes and the boot opens every line; PCR 7 extended (what a
-    Secure Boot change does), readiness names PCR 7 on each line and a boot without Salt leaves
-    them all locked; an apply binds again with the recovery key, readiness says yes and the boot
-    opens everything, the data intact."""
+    """Issue 33 §2: readiness says yes; PCR 7 extended (what a Secure Boot change does),
+    readiness names PCR 7 on each line and a boot without Salt leaves them all locked; an apply
+    binds again with the recovery key, readiness says yes and the boot opens everything, the data
+    intact. (The bindings the first apply made are not booted: the apply makes these the same
+    way, and the boot after it is the proof.)"""
     files = " ".join(f"{m}/keep.bin" for m in MOUNTPOINTS)
     vm.run(
         f"for m in {' '.join(MOUNTPOINTS)}; do head -c 1M /dev/urandom >$m/keep.bin; done; sync", check=True
     )
     before = vm.run(f"sha256sum {files}", check=True, echo=False).output
     assert readiness(vm) == (True, {})
-    close_storage(vm, MOUNTPOINTS, VGS)
-    out = boot_without_salt(vm)
-    assert all(f"mounted {m}" in out for m in MOUNTPOINTS), out
 
     vm.run(
         "TPM2TOOLS_TCTI=device:/dev/tpmrm0 tpm2_pcrextend 7:sha256=" + "ab" * 32,
