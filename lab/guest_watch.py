@@ -8,8 +8,10 @@
         luks:DEV    DEV starts with the LUKS magic       pv:DEV     `pvs DEV` lists it
         exists:PATH PATH exists                          xfs:DEV    DEV holds a finished XFS
 
-A PATH is a block device (its first 4 KiB: a LUKS2 header's sequence number changes with each
-keyslot change), a file (its inode, size and mtime: a rewrite, or a rename over it, changes
+A PATH is a block device (a LUKS2 header's sequence number, which changes with each keyslot
+change, once both copies of the header carry it: cryptsetup writes one copy after the other, and
+a kill between them is not after a step - the next command repairs the torn copy, and a kill in
+that repair would hit the same point on every apply; any other device: its first 4 KiB), a file (its inode, size and mtime: a rewrite, or a rename over it, changes
 them; 16 MiB header backups are not read each poll), or a directory (each file in it but the
 ``*.new`` a step writes before renaming it into place: the rename is the step, and a kill at the
 temporary file's first byte would hit the same point on every apply). ``kill`` polls every 20 ms, then
@@ -30,13 +32,13 @@ POLL_SECONDS = 0.02
 XFS_INPROGRESS = 126  # sb_inprogress in the on-disk superblock: 1 while mkfs.xfs writes
 
 
-def head(path, size):
+def head(path, size, offset=0):
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
         return b""
     try:
-        return os.pread(fd, size, 0)
+        return os.pread(fd, size, offset)
     except OSError:
         return b""
     finally:
@@ -52,8 +54,29 @@ def state_of(path):
     except OSError:
         return "-"
     if stat.S_ISBLK(info.st_mode):
-        return hashlib.sha256(head(path, 4096)).hexdigest()[:16]
+        return device_state(path)
     return f"{info.st_ino}:{info.st_size}:{info.st_mtime_ns}"
+
+
+WRITING = ":writing"
+
+
+def device_state(path):
+    """A LUKS2 header's sequence number, WRITING appended while its copies differ; else a hash
+    of the device's first 4 KiB."""
+    first = head(path, 4096)
+    if first[:8] != b"LUKS\xba\xbe\x00\x02":
+        return hashlib.sha256(first).hexdigest()[:16]
+    seqid = int.from_bytes(first[16:24], "big")
+    second = head(path, 24, int.from_bytes(first[8:16], "big"))
+    both = second[:6] == b"SKUL\xba\xbe" and int.from_bytes(second[16:24], "big") == seqid
+    return f"luks2:{seqid}" + ("" if both else WRITING)
+
+
+def changed(before, paths):
+    """Whether PATHS differ from the snapshot BEFORE, with no LUKS2 header half written."""
+    now = snapshot(paths)
+    return now != before and WRITING not in now
 
 
 def snapshot(paths):
@@ -138,7 +161,7 @@ def main(argv):
         sample_argv(argv[1], argv[2])
     elif argv[:1] == ["kill"] and len(argv) > 3 and argv[2] == "changed":
         pid, before, paths = int(argv[1]), open(argv[3]).read(), argv[4:]  # noqa: SIM115
-        kill_when(pid, lambda: snapshot(paths) != before)
+        kill_when(pid, lambda: changed(before, paths))
     elif argv[:1] == ["kill"] and len(argv) > 3 and argv[2] == "holds":
         pid, tests = int(argv[1]), argv[3:]
         kill_when(pid, lambda: all(holds(test) for test in tests))

@@ -2,6 +2,7 @@
 snapshot sees each kind of change, its tests read the real formats, and it kills the whole
 process group of a running apply or reports one that ended first."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -107,3 +108,33 @@ def test_argv_sampling_sees_a_running_process_and_stops_on_its_file(tmp_path):
     finally:
         sleeper.kill()
         sampler.kill()
+
+
+@pytest.mark.skipif(not shutil.which("cryptsetup"), reason="cryptsetup is not installed")
+def test_a_luks2_header_counts_as_changed_once_both_its_copies_are_written(tmp_path):
+    """The rotation's kills landed between cryptsetup's writes of the two header copies; the next
+    command's repair of the torn copy then changed the first 4 KiB again, and under load each
+    apply was killed inside that repair, never reaching its next step (CI, 2026-11-29: 16 applies,
+    7 of them killed with no step taken). A header is a step once both copies carry its number."""
+    image, key = tmp_path / "vdc", tmp_path / "key"
+    image.write_bytes(bytes(32 << 20))
+    key.write_bytes(os.urandom(64))
+    cheap = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"]
+    subprocess.run(
+        ["cryptsetup", "luksFormat", "-q", "--type", "luks2", *cheap, "--key-file", str(key), str(image)],
+        check=True,
+    )
+    before = guest_watch.device_state(str(image))
+    assert before.startswith("luks2:") and guest_watch.WRITING not in before
+    data = image.read_bytes()
+    size = int.from_bytes(data[8:16], "big")
+    secondary = data[size : 2 * size]
+    subprocess.run(
+        ["cryptsetup", "luksAddKey", "-q", *cheap, "--key-file", str(key), str(image), str(key)], check=True
+    )
+    after = guest_watch.device_state(str(image))
+    assert after != before and guest_watch.WRITING not in after
+    with open(image, "r+b") as handle:  # the primary written, the secondary not yet
+        handle.seek(size)
+        handle.write(secondary)
+    assert guest_watch.device_state(str(image)) == after + guest_watch.WRITING
