@@ -11,8 +11,9 @@
 A PATH is a block device (a LUKS2 header's sequence number, which changes with each keyslot
 change, once both copies of the header carry it: cryptsetup writes one copy after the other, and
 a kill between them is not after a step - the next command repairs the torn copy, and a kill in
-that repair would hit the same point on every apply; any other device: its first 4 KiB), a file (its inode, size and mtime: a rewrite, or a rename over it, changes
-them; 16 MiB header backups are not read each poll), or a directory (each file in it but the
+that repair would hit the same point on every apply; any other device: its first 4 KiB), a file
+(its inode, size and mtime: a rewrite, or a rename over it, changes them; 16 MiB header backups
+are not read each poll), or a directory (each file in it but the
 ``*.new`` a step writes before renaming it into place: the rename is the step, and a kill at the
 temporary file's first byte would hit the same point on every apply). ``kill`` polls every 20 ms, then
 SIGKILLs PID's process group (the apply and its children) and prints KILLED, or ENDED when the
@@ -30,6 +31,9 @@ import time
 
 POLL_SECONDS = 0.02
 XFS_INPROGRESS = 126  # sb_inprogress in the on-disk superblock: 1 while mkfs.xfs writes
+# a LUKS header's copies (hana_storage_core.luks reads them whole; this one process polls every
+# 20 ms in an emulated guest, so it imports nothing of the formula's)
+LUKS_PRIMARY, LUKS_SECONDARY = b"LUKS\xba\xbe", b"SKUL\xba\xbe"
 
 
 def head(path, size, offset=0):
@@ -65,11 +69,11 @@ def device_state(path):
     """A LUKS2 header's sequence number, WRITING appended while its copies differ; else a hash
     of the device's first 4 KiB."""
     first = head(path, 4096)
-    if first[:8] != b"LUKS\xba\xbe\x00\x02":
+    if first[:8] != LUKS_PRIMARY + b"\x00\x02":
         return hashlib.sha256(first).hexdigest()[:16]
     seqid = int.from_bytes(first[16:24], "big")
     second = head(path, 24, int.from_bytes(first[8:16], "big"))
-    both = second[:6] == b"SKUL\xba\xbe" and int.from_bytes(second[16:24], "big") == seqid
+    both = second[:6] == LUKS_SECONDARY and int.from_bytes(second[16:24], "big") == seqid
     return f"luks2:{seqid}" + ("" if both else WRITING)
 
 
@@ -89,7 +93,7 @@ def holds(test):
         return os.path.exists(path)
     block = head(path, 4096)
     if kind == "luks":
-        return block[:6] == b"LUKS\xba\xbe"
+        return block[:6] == LUKS_PRIMARY
     if kind == "pv":  # pvs (a second of CPU under emulation) only once the label is written
         labelled = any(block[n * 512 : n * 512 + 8] == b"LABELONE" for n in range(4))
         return labelled and subprocess.run(["pvs", path], capture_output=True).returncode == 0

@@ -126,9 +126,8 @@ def test_a_luks2_header_counts_as_changed_once_both_its_copies_are_written(tmp_p
     )
     before = guest_watch.device_state(str(image))
     assert before.startswith("luks2:") and guest_watch.WRITING not in before
-    data = image.read_bytes()
-    size = int.from_bytes(data[8:16], "big")
-    secondary = data[size : 2 * size]
+    size = int.from_bytes(guest_watch.head(str(image), 8, 8), "big")
+    secondary = guest_watch.head(str(image), size, size)
     subprocess.run(
         ["cryptsetup", "luksAddKey", "-q", *cheap, "--key-file", str(key), str(image), str(key)], check=True
     )

@@ -292,9 +292,7 @@ KEPT = " ".join(f"{m}/keep.bin" for m in MOUNTPOINTS)
 def kept(vm, built):
     """A checksummed file on each volume, written before the boots without Salt; its sha256sum
     output."""
-    vm.run(
-        f"for m in {' '.join(MOUNTPOINTS)}; do head -c 1M /dev/urandom >$m/keep.bin; done; sync", check=True
-    )
+    vm.run(f"for f in {KEPT}; do head -c 1M /dev/urandom >$f; done; sync", check=True)
     return vm.run(f"sha256sum {KEPT}", check=True, echo=False).output
 
 
