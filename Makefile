@@ -6,7 +6,7 @@ NEWEST := $(lastword $(LINES))
 venv    = $(if $(filter $(1),$(NEWEST)),.venv,.venv-$(1))
 PYTEST := -m pytest -p no:cacheprovider
 
-.PHONY: deps demo test test-unit test-integration test-vm bench lint clean
+.PHONY: deps demo test test-all test-unit test-integration test-vm bench lint clean
 
 deps:
 	@tools/install-deps.sh
@@ -28,6 +28,12 @@ test: deps lint
 	echo "== waiting for the unit and integration tiers"; wait; cat build/test-logs/beside.log; \
 	echo "== the VM tier, again"; cat build/test-logs/vm-summary.txt 2>/dev/null; \
 	[ $$vm = 0 ] && [ "$$(cat build/test-logs/beside.rc)" = 0 ]
+
+# make test and the VM scenarios marked long (a kill after every step of a rotation, the power cuts
+# after a re-encryption was killed, the TPM's PCR change and FIPS re-binding, sixteen LUNs, ...):
+# about twice the VM tier's time, for a release and for a change to what a long scenario covers
+test-all:
+	@$(MAKE) --no-print-directory test VM_MARKS=
 
 # unit and integration on every supported Salt line, each in its own venv (requirements/salt.in)
 UNIT_LINES ?= $(LINES)
@@ -56,13 +62,15 @@ test-integration: deps
 # place on OLDEST_MODULES' line, the oldest (SUSE Manager's 3006): each module once, on one line.
 # Modules run in VM_LANES lanes side by side, one lab VM per lane (tools/vm-lanes): each
 # emulated guest keeps about one core busy.
+# VM_MARKS: the pytest marker expression the VM modules run with (make test-all: every scenario)
+VM_MARKS ?= not long
 EVENTS_LINES ?= $(OLDEST)
 VM_LANES ?= $(shell n=$$(nproc); [ $$n -ge 2 ] && echo 2 || echo 1)
 OLDEST_MODULES ?= tests/vm/test_in_place.py
 VM_MODULES ?= $(filter-out tests/vm/test_events.py $(OLDEST_MODULES),$(wildcard tests/vm/test_*.py))
 test-vm: deps
-	@echo "== VM tier: Salt $(NEWEST), the events module on $(EVENTS_LINES), $(OLDEST_MODULES) on $(OLDEST), $(VM_LANES) lanes"
-	@tools/vm-lanes --lanes $(VM_LANES) $(foreach m,$(VM_MODULES),$(NEWEST):$(m)) \
+	@echo "== VM tier: Salt $(NEWEST), the events module on $(EVENTS_LINES), $(OLDEST_MODULES) on $(OLDEST), $(VM_LANES) lanes, $(if $(VM_MARKS),the tests of '$(VM_MARKS)',every test)"
+	@tools/vm-lanes --lanes $(VM_LANES) --marks "$(VM_MARKS)" $(foreach m,$(VM_MODULES),$(NEWEST):$(m)) \
 	  $(foreach m,$(OLDEST_MODULES),$(OLDEST):$(m)) \
 	  $(foreach l,$(EVENTS_LINES),$(l):tests/vm/test_events.py)
 

@@ -57,3 +57,27 @@ def test_a_tier_past_its_target_says_so_loudly():
     text = vm_lanes.summary(results, 2310.0)
     assert text.startswith("VM tier: 38.5 min (lane A 25.0, lane B 38.3; its target 36 min)")
     assert "VM TIER OVER ITS TIME TARGET: 38.5 min, target 36 min" in text
+
+
+def test_a_module_the_marks_leave_without_a_test_passes_and_the_others_run_what_they_select(tmp_path, capsys):
+    """make test runs the VM modules with "not long": a module of long scenarios only boots nothing
+    and passes (pytest's exit code 5), a module with one selected test runs that one."""
+    long_only, mixed = tmp_path / "test_long_only.py", tmp_path / "test_mixed.py"
+    long_only.write_text("import pytest\n\n\n@pytest.mark.long\ndef test_long():\n    pass\n")
+    mixed.write_text(
+        "import pytest\n\n\n@pytest.mark.long\ndef test_long():\n    raise AssertionError\n\n\n"
+        "def test_short():\n    pass\n"
+    )
+    results = []
+    jobs = [(vm_lanes.NEWEST, str(long_only)), (vm_lanes.NEWEST, str(mixed))]
+    vm_lanes.run_lane("A", jobs, results, 1, vm_lanes.threading.Lock(), "not long")
+    assert [(module, rc) for _n, _line, module, rc, _s, _why in results] == [
+        (str(long_only), 0),
+        (str(mixed), 0),
+    ]
+    said = capsys.readouterr().out
+    assert f"{long_only} on Salt {vm_lanes.NEWEST}: no test selected" in said
+    assert f"{mixed} on Salt {vm_lanes.NEWEST}: passed" in said and "1 passed, 1 deselected" in said
+    results.clear()
+    vm_lanes.run_lane("A", [(vm_lanes.NEWEST, str(mixed))], results, 1, vm_lanes.threading.Lock(), "")
+    assert results[0][3] == 1  # every test: the long one fails

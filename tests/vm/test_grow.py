@@ -17,7 +17,7 @@ lone disk's room unused, while fio writes; checksums, audit, idempotence and a b
 Salt as before. Last, the data volume grown by hand on two more disks
 (vgextend, lvextend, cryptsetup resize) but not its XFS: HANA-LAYOUT-009, which
 `hana_storage.remediate` fixes online (xfs_growfs), the proof of that auto rule's fix; then by
-hand onto one more disk without stripes: a linear tail, HANA-LAYOUT-008.
+hand onto one more disk without stripes: a linear tail, HANA-LAYOUT-008. The LUNs grown in place are `long` (make test-all).
 """
 
 import re
@@ -276,6 +276,7 @@ def luns_grown(vm, grown):
     return (dry, *apply_while_fio_writes(vm, "state.apply: LUNs grown in place"))
 
 
+@pytest.mark.long  # make test-all
 def test_test_mode_names_each_lun_growth_and_writes_nothing(vm, luns_grown):
     dry, _, _ = luns_grown
     would = {s["__id__"]: s["comment"] for s in dry.ret.values() if s["result"] is None}
@@ -292,6 +293,7 @@ def test_test_mode_names_each_lun_growth_and_writes_nothing(vm, luns_grown):
     assert before == after
 
 
+@pytest.mark.long  # make test-all
 def test_the_apply_carries_each_grown_lun_up_to_the_filesystem_in_whole_stripes(vm, luns_grown):
     _, applied, _ = luns_grown
     assert applied.retcode == 0, failures(applied)
@@ -312,11 +314,13 @@ def test_the_apply_carries_each_grown_lun_up_to_the_filesystem_in_whole_stripes(
         assert device - fs < 64 << 20, (name, device, fs)
 
 
+@pytest.mark.long  # make test-all
 def test_fio_saw_every_block_it_wrote_while_the_luns_grew(luns_grown):
     _, _, fio = luns_grown
     assert_fio_saw_no_error(fio)
 
 
+@pytest.mark.long  # make test-all
 def test_after_the_luns_grew_the_data_is_unchanged_the_audit_compliant_and_nothing_left(vm, luns_grown):
     assert sums(vm) == vm.sums
     assert vm.salt("hana_storage.audit", check=True).ret["compliant"] is True
@@ -326,6 +330,7 @@ def test_after_the_luns_grew_the_data_is_unchanged_the_audit_compliant_and_nothi
     assert changed == {}, changed
 
 
+@pytest.mark.long  # make test-all
 def test_the_grown_luns_come_back_at_a_boot_without_salt(vm, luns_grown):
     grown_to = {name: sizes(vm, f"/hana/{name}") for name in FIRST}
     close_storage(vm, list(MOUNTS), ["vg_hana_data", "vg_hana_log"])

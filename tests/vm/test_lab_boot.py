@@ -9,7 +9,8 @@ The layout is the lab's (lab/pillar.sls.j2: data striped over four disks above L
 over two, shared and backup). data and shared unlock with a key file; log and backup are bound
 with Clevis to a real tangd on the host's loopback (the guest reaches it as 10.0.2.2 over QEMU's
 user network), their recovery key a pillar key on a ramfs. The host's own boot path unlocks both
-kinds with no Salt; with Tang unreachable only the Tang volumes stay locked.
+kinds with no Salt; with Tang unreachable only the Tang volumes stay locked. The Tang server that deleted its rotated keys, and the last
+boot that opens every line, are `long` (make test-all).
 """
 
 import base64
@@ -338,6 +339,7 @@ def test_without_tang_only_the_tang_volumes_stay_locked_as_readiness_foresees(vm
     }
 
 
+@pytest.mark.long  # make test-all
 def test_a_tang_server_that_deleted_its_rotated_keys_is_foreseen_and_the_apply_binds_anew(
     vm, built, tang, kept
 ):

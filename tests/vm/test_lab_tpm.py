@@ -10,7 +10,8 @@ every line locked, an apply refuses to seal to the changed PCR until told the ch
 (tpm2_reseal), then binds again with the recovery key to the PCRs as they are now, readiness says
 yes and the boot opens everything, the data's checksums unchanged. Last, the host is to enter
 FIPS mode (compliance:fips) while its Clevis keyslots are argon2id, as clevis before 19 made
-them: the apply binds each anew in a PBKDF2-SHA256 keyslot, and the boot opens everything.
+them: the apply binds each anew in a PBKDF2-SHA256 keyslot, and the boot opens everything. make test runs the first apply and its audit; the PCR change and
+FIPS are `long` (make test-all).
 """
 
 import json
@@ -107,6 +108,7 @@ def test_the_apply_binds_the_tpm2_alone_and_with_tang_and_the_audit_finds_nothin
     assert [k for k, s in again.ret.items() if s["changes"]] == []
 
 
+@pytest.mark.long  # make test-all
 def test_a_changed_pcr_is_named_the_boot_fails_as_foreseen_and_an_apply_binds_anew(vm, built):
     """Issue 33 §2: readiness says yes; PCR 7 extended (what a Secure Boot change does),
     readiness names PCR 7 on each line and a boot without Salt leaves them all locked; an apply
@@ -159,6 +161,7 @@ def test_a_changed_pcr_is_named_the_boot_fails_as_foreseen_and_an_apply_binds_an
     assert report["findings"] == [], [f["message"] for f in report["findings"]]
 
 
+@pytest.mark.long  # make test-all
 def test_clevis_keyslots_an_old_clevis_made_are_bound_anew_for_fips_mode_and_the_boot_works(vm, built):
     """Issue 33 §4: clevis before 19 made its keyslots argon2id, which a host in FIPS mode cannot
     open at boot (each binding's keyslot is made so here, with the passphrase Clevis decrypts,

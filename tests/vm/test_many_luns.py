@@ -11,7 +11,7 @@ named by the audit (HANA-PERSIST-003), and is gone again before the boot.
 The formula's keyslots made PBKDF2 again for FIPS mode (HANA-ENC-008) and booted are
 tests/vm/test_lab_tpm.py's (the new keyslot proven before the old one goes, killed at every
 write: tests/unit/test_attack16_fips_keyslots.py, on real headers): a PBKDF2 keyslot needs no
-memory share, so sixteen of them prove no more than three.
+memory share, so sixteen of them prove no more than three. The whole module is `long` (make test-all).
 """
 
 import json
@@ -22,7 +22,7 @@ import yaml
 
 from tests.vm.conftest import boot, boot_without_salt, close_storage, write_lab_key
 
-pytestmark = pytest.mark.vm
+pytestmark = [pytest.mark.vm, pytest.mark.long]  # make test-all
 
 LUNS = 16
 KEY_FILE = "/etc/hana-storage/keys/hana.key"

@@ -15,7 +15,8 @@ hotzone stack cannot be resumed online); the power is cut with all three running
 boot the apply opens the volumes (libcryptsetup's recovery of each checksummed hotzone) and the
 units go on, uncapped. At the end: the files' checksums, the sector sizes, the audit compliant
 (the new keys dated today), a second apply changes nothing, and a boot without Salt opens and
-mounts them.
+mounts them. make test runs up to the online start and the files read meanwhile; the kill, the
+power cut and the end are `long` (make test-all).
 """
 
 import datetime
@@ -195,6 +196,7 @@ def test_the_apply_re_encrypts_online_with_nothing_unmounted(vm):
     assert not alarms, [f["message"] for f in alarms]
 
 
+@pytest.mark.long  # make test-all
 def test_a_killed_re_encryption_changes_nothing_and_names_the_reboot(vm):
     """cryptsetup killed in the middle leaves its hotzone stack (or a suspended device): no
     resume online is safe, and the apply says so with nothing written."""
@@ -236,6 +238,7 @@ def after_power_cut(request, vm):
     return again
 
 
+@pytest.mark.long  # make test-all
 def test_after_the_power_cut_the_apply_opens_it_and_the_re_encryption_goes_on(after_power_cut):
     vm = after_power_cut
     assert vm.resumed.retcode == 0, vm.resumed.text()
@@ -255,6 +258,7 @@ def test_after_the_power_cut_the_apply_opens_it_and_the_re_encryption_goes_on(af
     assert file_sums(vm) == vm.sums
 
 
+@pytest.mark.long  # make test-all
 def test_then_the_audit_is_compliant_and_a_second_apply_changes_nothing(after_power_cut):
     """The header backup made before holds the old volume key only: the apply makes it anew
     (never the "restore from it" of HANA-KEY-007: that would make the data unreadable)."""
@@ -273,6 +277,7 @@ def test_then_the_audit_is_compliant_and_a_second_apply_changes_nothing(after_po
     assert not [s for s in third.ret.values() if s.get("changes")], third.text()
 
 
+@pytest.mark.long  # make test-all
 def test_a_boot_without_salt_opens_the_re_encrypted_volume(after_power_cut):
     vm = after_power_cut
     close_storage(vm, [MOUNT, LOG_MOUNT], ["vg_hana_data", "vg_hana_log"])

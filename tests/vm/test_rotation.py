@@ -10,10 +10,12 @@ the key its crypttab names (what a boot would use); the next apply goes on from 
 
 The layout: data above LVM over vda-vdb with key files (the path changes, so crypttab changes),
 log below LVM over vdc-vdd with the pillar key (two crypt devices: the interleaving of one
-device's steps with the other's).
+device's steps with the other's). The applies killed after each step are `long` (make test-all):
+make test rotates in one apply.
 """
 
 import base64
+import contextlib
 import json
 import os
 
@@ -158,14 +160,11 @@ def test_test_mode_says_what_the_rotation_would_do_and_changes_nothing(vm, keys)
     assert all(not s["changes"] for s in dry.ret.values())
 
 
+@pytest.mark.long  # make test-all
 def test_a_rotation_killed_after_each_step_always_leaves_devices_that_open(vm, keys):
     vm.set_pillar(storage(vm, keys, rotating=True))
-    # every process's argv, sampled while the rotation runs: a key must never be in one
-    vm.run(f"{WATCH} argv /run/cmdlines.txt /run/stop-sampling >/dev/null 2>&1 &", check=True, echo=False)
-    try:
+    with sampling_argv(vm):
         steps = rotate_killing_after_each_step(vm)
-    finally:
-        vm.run("touch /run/stop-sampling", echo=False)
     print("\nkilled right after:\n  " + "\n  ".join(steps))
     # each device's new keyslot, then its removal, seen right after a kill; crypttab's new key
     for device in DEVICES:
@@ -203,10 +202,26 @@ def rotate_killing_after_each_step(vm):
     pytest.fail(f"{MAX_APPLIES} applies did not finish the rotation: {steps}")
 
 
+@contextlib.contextmanager
+def sampling_argv(vm):
+    """Every process's argv sampled into /run/cmdlines.txt meanwhile: a key must never be in one."""
+    vm.run(
+        f"rm -f /run/stop-sampling; {WATCH} argv /run/cmdlines.txt /run/stop-sampling >/dev/null 2>&1 &",
+        check=True,
+        echo=False,
+    )
+    try:
+        yield
+    finally:
+        vm.run("touch /run/stop-sampling", echo=False)
+
+
 @pytest.fixture(scope="module")
 def finished(vm, keys):
+    """The apply that finishes the rotation (all of it, when make test leaves out the killed ones)."""
     vm.set_pillar(storage(vm, keys, rotating=True))
-    final = vm.salt("state.apply hana.storage", title="the apply that finishes the rotation")
+    with sampling_argv(vm):
+        final = vm.salt("state.apply hana.storage", title="the apply that finishes the rotation")
     assert isinstance(final.ret, dict), final.ret  # a list: another apply still running
     assert final.retcode == 0, failures(final)
     return final
