@@ -33,7 +33,7 @@ test: deps lint
 # after a re-encryption was killed, the TPM's PCR change and FIPS re-binding, sixteen LUNs, ...):
 # about twice the VM tier's time, for a release and for a change to what a long scenario covers
 test-all:
-	@$(MAKE) --no-print-directory test VM_MARKS=
+	@$(MAKE) --no-print-directory test VM_MARKS= INTEGRATION_LINES="$(LINES)"
 
 # unit and integration on every supported Salt line, each in its own venv (requirements/salt.in)
 UNIT_LINES ?= $(LINES)
@@ -43,14 +43,16 @@ test-unit: deps
 	  v=.venv-$$line; [ $$line = $(NEWEST) ] && v=.venv; $$v/bin/python $(PYTEST) tests/unit -q; \
 	done
 
-# the lines side by side (their daemons mostly wait): each logs to build/test-logs/, printed after
+# the lines side by side (their daemons mostly wait): each logs to build/test-logs/, printed after.
+# make test runs the oldest and the newest line (3007's loaders are in the unit tier), test-all all
+INTEGRATION_LINES ?= $(OLDEST) $(NEWEST)
 test-integration: deps
-	@mkdir -p build/test-logs; pids=""; for line in $(LINES); do \
+	@mkdir -p build/test-logs; pids=""; for line in $(INTEGRATION_LINES); do \
 	  v=.venv-$$line; [ $$line = $(NEWEST) ] && v=.venv; \
 	  ( $$v/bin/python $(PYTEST) tests/integration -q >build/test-logs/integration-$$line.log 2>&1; \
 	    echo $$? >build/test-logs/integration-$$line.rc ) & pids="$$pids $$!"; \
-	done; echo "== integration tier, Salt $(LINES) side by side (logs: build/test-logs/)"; wait $$pids; \
-	rc=0; for line in $(LINES); do \
+	done; echo "== integration tier, Salt $(INTEGRATION_LINES) side by side (logs: build/test-logs/)"; wait $$pids; \
+	rc=0; for line in $(INTEGRATION_LINES); do \
 	  echo "== integration tier, Salt $$line"; tail -n 15 build/test-logs/integration-$$line.log; \
 	  [ "$$(cat build/test-logs/integration-$$line.rc)" = 0 ] || rc=1; \
 	done; exit $$rc

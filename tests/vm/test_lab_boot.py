@@ -9,8 +9,9 @@ The layout is the lab's (lab/pillar.sls.j2: data striped over four disks above L
 over two, shared and backup). data and shared unlock with a key file; log and backup are bound
 with Clevis to a real tangd on the host's loopback (the guest reaches it as 10.0.2.2 over QEMU's
 user network), their recovery key a pillar key on a ramfs. The host's own boot path unlocks both
-kinds with no Salt; with Tang unreachable only the Tang volumes stay locked. The Tang server that deleted its rotated keys, and the last
-boot that opens every line, are `long` (make test-all).
+kinds with no Salt; with Tang unreachable only the Tang volumes stay locked. make test boots once,
+without the key file; the boot with Tang down, the Tang server that deleted its rotated keys and
+the last boot that opens every line are `long` (make test-all).
 """
 
 import base64
@@ -321,6 +322,7 @@ def test_without_the_key_file_only_its_lines_stay_locked_as_readiness_foresees(v
     assert sorted(m for m in MOUNTPOINTS if f"mounted {m}" in out) == ["/hana/backup", "/hana/log"], out
 
 
+@pytest.mark.long  # make test-all
 def test_without_tang_only_the_tang_volumes_stay_locked_as_readiness_foresees(vm, built, tang, kept):
     """The key file back and Tang down: readiness names the Tang lines, and the boot opens the
     key file's lines and leaves the Tang ones locked; the audit names their mountpoints."""

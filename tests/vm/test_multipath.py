@@ -161,6 +161,7 @@ def boots_without_salt(vm, mountpoint, vg):
     return out
 
 
+@pytest.mark.long  # make test-all
 def test_above_lvm_boots_without_salt(vm, above):
     out = boots_without_salt(vm, "/hana/data", "vg_hana_data")
     assert "attach hana_data /dev/mapper/vg_hana_data-lv_hana_data" in out
