@@ -4,6 +4,7 @@ Each test module boots one VM for all its tests (software emulation is slow) in 
 directory under build/vm-tests/; VMs never run concurrently (the lab holds a machine-wide lock).
 """
 
+import datetime
 import os
 import re
 import time
@@ -13,6 +14,20 @@ from hana_lab import Lab
 from hana_storage_core import inplace
 
 from tests.conftest import REPO
+
+# the day each VM module's process started: a key dated since then is dated "today" by a module
+# that ran past midnight (a module takes up to half an hour)
+STARTED = datetime.date.today()
+
+
+def days_since_start():
+    """The ISO days from the module's start to now."""
+    days, day = [], STARTED
+    while day <= datetime.date.today():
+        days.append(day.isoformat())
+        day += datetime.timedelta(days=1)
+    return days
+
 
 pytestmark = pytest.mark.vm
 
