@@ -81,3 +81,8 @@ def test_a_module_the_marks_leave_without_a_test_passes_and_the_others_run_what_
     results.clear()
     vm_lanes.run_lane("A", [(vm_lanes.NEWEST, str(mixed))], results, 1, vm_lanes.threading.Lock(), "")
     assert results[0][3] == 1  # every test: the long one fails
+    results.clear()
+    empty = tmp_path / "test_empty.py"
+    empty.write_text("")
+    vm_lanes.run_lane("A", [(vm_lanes.NEWEST, str(empty))], results, 1, vm_lanes.threading.Lock(), "")
+    assert results[0][3] == vm_lanes.NOTHING_SELECTED  # no marks: a module without a test fails
