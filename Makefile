@@ -29,9 +29,8 @@ test: deps lint
 	echo "== the VM tier, again"; cat build/test-logs/vm-summary.txt 2>/dev/null; \
 	[ $$vm = 0 ] && [ "$$(cat build/test-logs/beside.rc)" = 0 ]
 
-# make test and the VM scenarios marked long (a kill after every step of a rotation, the power cuts
-# after a re-encryption was killed, the TPM's PCR change and FIPS re-binding, sixteen LUNs, ...):
-# about twice the VM tier's time, for a release and for a change to what a long scenario covers
+# make test and what it leaves out (the VM scenarios marked long, the integration tier on 3007:
+# docs/DEVELOPING.md says which and why): for a release and for a change to what they cover
 test-all:
 	@$(MAKE) --no-print-directory test VM_MARKS= INTEGRATION_LINES="$(LINES)"
 

@@ -17,7 +17,8 @@ lone disk's room unused, while fio writes; checksums, audit, idempotence and a b
 Salt as before. Last, the data volume grown by hand on two more disks
 (vgextend, lvextend, cryptsetup resize) but not its XFS: HANA-LAYOUT-009, which
 `hana_storage.remediate` fixes online (xfs_growfs), the proof of that auto rule's fix; then by
-hand onto one more disk without stripes: a linear tail, HANA-LAYOUT-008. The LUNs grown in place are `long` (make test-all).
+hand onto one more disk without stripes: a linear tail, HANA-LAYOUT-008. The LUNs grown in place
+are `long` (make test-all).
 """
 
 import re

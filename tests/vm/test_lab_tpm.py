@@ -10,8 +10,8 @@ every line locked, an apply refuses to seal to the changed PCR until told the ch
 (tpm2_reseal), then binds again with the recovery key to the PCRs as they are now, readiness says
 yes and the boot opens everything, the data's checksums unchanged. Last, the host is to enter
 FIPS mode (compliance:fips) while its Clevis keyslots are argon2id, as clevis before 19 made
-them: the apply binds each anew in a PBKDF2-SHA256 keyslot, and the boot opens everything. make test runs the first apply and its audit; the PCR change and
-FIPS are `long` (make test-all).
+them: the apply binds each anew in a PBKDF2-SHA256 keyslot, and the boot opens everything.
+make test runs the first apply and its audit; the PCR change and FIPS are `long` (make test-all).
 """
 
 import json

@@ -11,7 +11,8 @@ named by the audit (HANA-PERSIST-003), and is gone again before the boot.
 The formula's keyslots made PBKDF2 again for FIPS mode (HANA-ENC-008) and booted are
 tests/vm/test_lab_tpm.py's (the new keyslot proven before the old one goes, killed at every
 write: tests/unit/test_attack16_fips_keyslots.py, on real headers): a PBKDF2 keyslot needs no
-memory share, so sixteen of them prove no more than three. The whole module is `long` (make test-all).
+memory share, so sixteen of them prove no more than three. The whole module is `long` (make
+test-all).
 """
 
 import json
