@@ -4,6 +4,7 @@ Each test module boots one VM for all its tests (software emulation is slow) in 
 directory under build/vm-tests/; VMs never run concurrently (the lab holds a machine-wide lock).
 """
 
+import contextlib
 import datetime
 import os
 import re
@@ -30,6 +31,22 @@ def days_since_start():
 
 
 pytestmark = pytest.mark.vm
+
+
+@contextlib.contextmanager
+def sampling_argv(vm):
+    """Every process's argv sampled into the guest's /run/cmdlines.txt meanwhile
+    (lab/guest_watch.py): a key must never be in one."""
+    vm.run(
+        f"rm -f /run/stop-sampling; python3 {REPO}/lab/guest_watch.py argv /run/cmdlines.txt /run/stop-sampling "
+        ">/dev/null 2>&1 &",
+        check=True,
+        echo=False,
+    )
+    try:
+        yield
+    finally:
+        vm.run("touch /run/stop-sampling", echo=False)
 
 
 def boot(request, disks=8, disk_size="2G", fresh=True, **options):

@@ -17,7 +17,7 @@ import yaml
 from hana_storage_core.rules import RULES
 
 from tests.conftest import REPO
-from tests.vm.conftest import boot, scap_scan, why_it_ended
+from tests.vm.conftest import boot, sampling_argv, scap_scan, why_it_ended
 
 pytestmark = pytest.mark.vm
 
@@ -71,15 +71,8 @@ def dry_run(vm):
 
 @pytest.fixture(scope="module")
 def first_apply(vm, dry_run):
-    # sample every process's argv while the apply runs: a key must never be in one
-    vm.run(
-        f"python3 {REPO}/lab/guest_watch.py argv /run/cmdlines.txt /run/stop-sampling >/dev/null 2>&1 &",
-        check=True,
-        echo=False,
-    )
-    result = vm.salt("state.apply hana.storage", title="state.apply hana.storage (formats the lab disks)")
-    vm.run("touch /run/stop-sampling; sleep 0.3; wc -l </run/cmdlines.txt", echo=False)
-    return result
+    with sampling_argv(vm):
+        return vm.salt("state.apply hana.storage", title="state.apply hana.storage (formats the lab disks)")
 
 
 # ---- the lab itself, before anything is built ----------------------------------------------

@@ -21,8 +21,7 @@ import pytest
 import yaml
 from tang_server import TangServer
 
-from tests.conftest import REPO
-from tests.vm.conftest import boot, boot_without_salt, close_storage, write_lab_key
+from tests.vm.conftest import boot, boot_without_salt, close_storage, sampling_argv, write_lab_key
 
 pytestmark = pytest.mark.vm
 
@@ -68,18 +67,10 @@ def vm(request, tang):
 
 @pytest.fixture(scope="module")
 def built(vm):
-    # every process's argv, sampled while clevis binds: a key must never be in one
-    vm.run(
-        f"python3 {REPO}/lab/guest_watch.py argv /run/cmdlines.txt /run/stop-sampling >/dev/null 2>&1 &",
-        check=True,
-        echo=False,
-    )
-    try:
+    with sampling_argv(vm):  # while clevis binds
         applied = vm.salt(
             "state.apply hana.storage", title="state.apply: the lab layout, key file and Tang, no AES-NI"
         )
-    finally:
-        vm.run("touch /run/stop-sampling", echo=False)
     assert applied.retcode == 0, [s["comment"] for s in applied.ret.values() if s["result"] is not True]
     return applied
 

@@ -15,7 +15,6 @@ make test rotates in one apply.
 """
 
 import base64
-import contextlib
 import json
 import os
 
@@ -23,7 +22,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO
-from tests.vm.conftest import boot
+from tests.vm.conftest import boot, sampling_argv
 
 pytestmark = pytest.mark.vm
 
@@ -200,20 +199,6 @@ def rotate_killing_after_each_step(vm):
         if "ENDED" in out:  # nothing was left to do, or its last step was its end
             return steps
     pytest.fail(f"{MAX_APPLIES} applies did not finish the rotation: {steps}")
-
-
-@contextlib.contextmanager
-def sampling_argv(vm):
-    """Every process's argv sampled into /run/cmdlines.txt meanwhile: a key must never be in one."""
-    vm.run(
-        f"rm -f /run/stop-sampling; {WATCH} argv /run/cmdlines.txt /run/stop-sampling >/dev/null 2>&1 &",
-        check=True,
-        echo=False,
-    )
-    try:
-        yield
-    finally:
-        vm.run("touch /run/stop-sampling", echo=False)
 
 
 @pytest.fixture(scope="module")
