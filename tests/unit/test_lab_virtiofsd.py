@@ -23,12 +23,13 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def start(tmp_path, shared, *options):
+def start(tmp_path, shared, *options, env=None):
     sock = tmp_path / "fs.sock"
     proc = subprocess.Popen(
         [WRAPPER, "--syslog", *options, "--socket-path", sock, "--shared-dir", shared, "--sandbox", "none"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env=env,
     )
     pid_file = pathlib.Path(f"{sock}.pid")
     deadline = time.monotonic() + 10
@@ -91,5 +92,21 @@ def test_a_read_write_share_is_served_from_the_directory(tmp_path):
 
 def test_a_share_it_cannot_serve_leaves_no_pid_file_so_virtme_ng_falls_back_to_9p(tmp_path):
     proc, _, pid_file = start(tmp_path, tmp_path / "missing", "--readonly")
+    assert proc.wait(timeout=10) != 0
+    assert not pid_file.exists()
+
+
+def test_a_comma_in_a_path_passes_the_daemon_no_options(tmp_path):
+    """-o source=<view>,...: a TMPDIR of "/x,timeout=0" made it source=/x, served read-write."""
+    (tmp_path / "t").mkdir()
+    tmpdir = tmp_path / "t,timeout=0"
+    tmpdir.mkdir()
+    proc, _, pid_file = start(tmp_path, "/", "--readonly", env=dict(os.environ, TMPDIR=str(tmpdir)))
+    try:
+        assert proc.wait(timeout=10) != 0
+        assert not pid_file.exists()
+    finally:
+        stop(proc, pid_file)
+    proc, _, pid_file = start(tmp_path, tmpdir)
     assert proc.wait(timeout=10) != 0
     assert not pid_file.exists()
