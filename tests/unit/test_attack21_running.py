@@ -6,6 +6,7 @@ fail on 3deadb9."""
 import os
 import signal
 import subprocess
+import time
 
 from hana_storage_core import inplace
 
@@ -54,10 +55,12 @@ def test_a_stopped_hand_re_encryption_reads_as_running(tmp_path):
     try:
         assert host._reencrypt_running(NAME, str(device)) is True  # running: seen
         os.kill(proc.pid, signal.SIGSTOP)
-        for _ in range(500):
+        deadline = time.monotonic() + 30  # the signal lands when the scheduler says: a loaded CI is slow
+        while time.monotonic() < deadline:
             with open(f"/proc/{proc.pid}/stat") as handle:
                 if handle.read().rsplit(")", 1)[1].split()[0] in "Tt":
                     break
+            time.sleep(0.01)
         assert host._reencrypt_running(NAME, str(device)) is False
     finally:
         os.kill(proc.pid, signal.SIGCONT)
