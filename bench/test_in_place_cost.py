@@ -14,11 +14,11 @@ The volume of tests/vm/test_in_place.py: a striped LV (2 x 64 KiB) of LV_MIB MiB
    ``downtime_s``), HANA's only downtime.
 """
 
-import re
-
 import pytest
 
 from bench.conftest import Target
+from bench.lab_rates import DD_RUNS, cipher_mib_s, dd_in_place_seconds, unit_seconds
+from tests.vm.conftest import reencryption_underway, wait_for_unit_end
 from tests.vm.test_in_place import (
     LV,
     LV_MIB,
@@ -32,8 +32,6 @@ from tests.vm.test_in_place import (
 
 pytestmark = pytest.mark.vm
 
-DD_RUNS = 3
-
 
 @pytest.fixture(scope="module")
 def vm(request):
@@ -42,56 +40,15 @@ def vm(request):
     return vm
 
 
-def dd_in_place_seconds(vm):
-    """Seconds for dd to copy the whole LV onto itself (direct I/O, 1 MiB blocks), timed in the
-    guest."""
-    out = vm.run(
-        f"sync && xfs_freeze -f {MOUNT} && s=$(date +%s%N) && "
-        f"dd if={LV} of={LV} bs=1M count={LV_MIB} iflag=direct oflag=direct conv=notrunc,fsync status=none; "
-        f"rc=$?; e=$(date +%s%N); xfs_freeze -u {MOUNT}; [ $rc = 0 ] && echo $(( (e - s) / 1000000 ))",
-        check=True,
-        title=f"baseline: dd of {LV} onto itself",
-    ).output
-    return int(out.split()[-1]) / 1000
-
-
-def cipher_mib_s(vm):
-    """AES-XTS (512-bit key) encryption in memory, MiB/s: `cryptsetup benchmark`."""
-    out = vm.run(
-        "cryptsetup benchmark --cipher aes-xts-plain64 --key-size 512",
-        check=True,
-        title="baseline: the cipher",
-    ).output
-    found = re.search(r"aes-xts\s+512b\s+([\d.]+)\s+MiB/s", out)
-    assert found, out
-    return float(found.group(1))
-
-
-def unit_seconds(vm):
-    """How long the encryption unit ran, from its journal's first and last monotonic stamps."""
-    out = vm.run(
-        f"journalctl --unit {UNIT} --output short-monotonic --no-pager", check=True, echo=False
-    ).output
-    stamps = [float(s) for s in re.findall(r"^\[\s*(\d+\.\d+)\]", out, re.MULTILINE)]
-    assert len(stamps) >= 2, out
-    return stamps[-1] - stamps[0]
-
-
 def test_in_place_rate_against_dd_and_the_downtime(vm, bench):
-    baseline = [dd_in_place_seconds(vm) for _ in range(DD_RUNS)]
+    baseline = [dd_in_place_seconds(vm, LV, LV_MIB, MOUNT) for _ in range(DD_RUNS)]
     ciphers = [cipher_mib_s(vm) for _ in range(DD_RUNS)]
     applied = vm.salt("state.apply hana.storage", title="state.apply: encrypt /hana/data in place, uncapped")
     assert applied.retcode == 0, failures(applied)
     downtime = in_place_state(applied)["changes"]["downtime_s"]
-    vm.run(
-        f"for i in $(seq 3600); do case $(systemctl is-active {UNIT}) in inactive|failed) exit 0;; esac; "
-        "sleep 1; done; exit 1",
-        check=True,
-        timeout=3700,
-        title="waiting for the encryption to end",
-    )
-    assert "reencrypt" not in vm.run(f"cryptsetup luksDump {LV}", check=True, echo=False).output
-    seconds = unit_seconds(vm)
+    wait_for_unit_end(vm, UNIT, timeout=3600, every=1)
+    assert not reencryption_underway(vm, LV)
+    seconds = unit_seconds(vm, UNIT)
     dd_rates = [LV_MIB / s for s in baseline]
     rate = LV_MIB / seconds
     bench.record("in place: dd of the LV onto itself", "MiB/s", dd_rates)

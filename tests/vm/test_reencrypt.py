@@ -86,7 +86,7 @@ def pillar(vm, max_mib_s=4):
     return yaml.safe_dump({"hana": {"storage": storage}})
 
 
-def build_old_volume(vm):
+def build_old_data_volume(vm):
     vm.run(
         "set -e\n"
         f"pvcreate -q {' '.join(DISKS)}\n"
@@ -104,6 +104,9 @@ def build_old_volume(vm):
         title="a LUKS2 volume with 512-byte sectors and an undated key, mounted, 96 MiB of data, "
         "its header backed up",
     )
+
+
+def build_old_log_volume(vm):
     vm.run(
         "set -e\n"
         + "".join(
@@ -137,7 +140,8 @@ def vm(request):
     vm = boot(request, disks=len(DISKS + LOG_DISKS), disk_size="640M")
     vm.start_service_manager()
     write_lab_key(vm, KEY_FILE)
-    build_old_volume(vm)
+    build_old_data_volume(vm)
+    build_old_log_volume(vm)
     vm.sums = file_sums(vm)
     vm.setup_salt(pillar(vm))
     return vm

@@ -1,0 +1,41 @@
+"""The baselines and clocks the lab's encryption benchmarks share, measured in the guest."""
+
+import re
+
+DD_RUNS = 3
+
+
+def dd_in_place_seconds(vm, device, mib, mount):
+    """Seconds for dd to copy ``mib`` MiB of ``device`` onto itself (direct I/O, 1 MiB blocks),
+    each byte read and written once as a re-encryption does; the XFS at ``mount`` frozen
+    meanwhile, so what dd writes back is what it read."""
+    out = vm.run(
+        f"sync && xfs_freeze -f {mount} && s=$(date +%s%N) && "
+        f"dd if={device} of={device} bs=1M count={mib} iflag=direct oflag=direct conv=notrunc,fsync status=none; "
+        f"rc=$?; e=$(date +%s%N); xfs_freeze -u {mount}; [ $rc = 0 ] && echo $(( (e - s) / 1000000 ))",
+        check=True,
+        title=f"baseline: dd of {device} onto itself",
+    ).output
+    return int(out.split()[-1]) / 1000
+
+
+def cipher_mib_s(vm):
+    """AES-XTS (512-bit key) encryption in memory, MiB/s: `cryptsetup benchmark`."""
+    out = vm.run(
+        "cryptsetup benchmark --cipher aes-xts-plain64 --key-size 512",
+        check=True,
+        title="baseline: the cipher",
+    ).output
+    found = re.search(r"aes-xts\s+512b\s+([\d.]+)\s+MiB/s", out)
+    assert found, out
+    return float(found.group(1))
+
+
+def unit_seconds(vm, unit):
+    """How long ``unit`` ran, from its journal's first and last monotonic stamps."""
+    out = vm.run(
+        f"journalctl --unit {unit} --output short-monotonic --no-pager", check=True, echo=False
+    ).output
+    stamps = [float(s) for s in re.findall(r"^\[\s*(\d+\.\d+)\]", out, re.MULTILINE)]
+    assert len(stamps) >= 2, out
+    return stamps[-1] - stamps[0]
