@@ -75,7 +75,7 @@ test-vm: deps
 	  $(foreach m,$(OLDEST_MODULES),$(OLDEST):$(m)) \
 	  $(foreach l,$(EVENTS_LINES),$(l):tests/vm/test_events.py)
 
-# benchmarks (about 36 min under emulation): table printed, kept in build/bench/results.{json,md}
+# benchmarks (at most 44 min under emulation): table printed, kept in build/bench/results.{json,md}
 bench: deps
 	.venv/bin/python $(PYTEST) bench -q
 

@@ -3,7 +3,7 @@
 The data volume of tests/vm/test_reencrypt.py: a striped LV (2 x 64 KiB) of LV_MIB MiB, LUKS2
 with 512-byte sectors and an undated volume key on it, an XFS with 4 KiB sectors inside, mounted,
 96 MiB of data. `state.apply hana.storage` (reencrypt_online, no cap) re-encrypts it to 4096-byte
-sectors and a new volume key, mounted: the rate is the bytes of the LV over the time its unit ran
+sectors and a new volume key, mounted: the rate is the bytes of its data segment over the time its unit ran
 (its journal's monotonic stamps), against two baselines of the same run: `dd` copying the same
 LV onto itself in place (the XFS frozen), and the cipher alone (`cryptsetup benchmark`, AES-XTS
 with a 512-bit key). Each byte is decrypted with the old key and encrypted with the new one, so
@@ -30,6 +30,7 @@ from tests.vm.test_reencrypt import (
     MOUNT,
     UNIT,
     build_old_data_volume,
+    header,
     pillar,
     reencrypt_state,
 )
@@ -65,6 +66,8 @@ def cipher_both_ways_mib_s(vm):
 def test_reencryption_rate_against_dd_and_the_cipher(vm, bench):
     baseline = [dd_in_place_seconds(vm, LV, LV_MIB, MOUNT) for _ in range(DD_RUNS)]
     ciphers = [cipher_both_ways_mib_s(vm) for _ in range(DD_RUNS)]
+    # what the unit re-encrypts: the data segment, the LV less its LUKS2 header (16 MiB)
+    data_mib = LV_MIB - int(header(vm)["segments"]["0"]["offset"]) / (1 << 20)
     applied = vm.salt("state.apply hana.storage", title="state.apply: re-encrypt /hana/data online, uncapped")
     assert applied.retcode == 0, applied.text()
     assert reencrypt_state(applied)["changes"]["reencrypting"]["sector_size"] == 4096
@@ -73,14 +76,14 @@ def test_reencryption_rate_against_dd_and_the_cipher(vm, bench):
     assert vm.run(f"blockdev --getss {CRYPT}", echo=False).output.strip() == "4096"
     seconds = unit_seconds(vm, UNIT)
     dd_rates = [LV_MIB / s for s in baseline]
-    rate = LV_MIB / seconds
+    rate = data_mib / seconds
     bench.record("re-encryption: dd of the LV onto itself", "MiB/s", dd_rates)
     bench.record("re-encryption: AES-XTS 512b decryption + encryption", "MiB/s", ciphers)
     bench.record(
         "re-encryption online: 512 -> 4096-byte sectors, new key",
         "MiB/s",
         [rate],
-        note=f"{LV_MIB} MiB in {seconds:.0f} s, mounted",
+        note=f"{data_mib:.0f} MiB in {seconds:.0f} s, mounted",
     )
     bench.record(
         "re-encryption: rate / dd",

@@ -60,7 +60,7 @@ def time_commands():
 
 def keep_entry_points():
     """Salt lists the installed packages' entry points (salt extensions) each time it makes a
-    loader, and keeps the list for 0.5 s. The guest reads Salt's venv from the host over 9p,
+    loader, and keeps the list for 0.5 s. Over the 9p root (before the runtime disk),
     where that listing opens every package's metadata at some 25 ms a file: seconds per loader,
     a minute per state.apply. Nothing is installed into that venv while the lab runs: the list
     is kept for the caller's life (production minions read local disks: milliseconds)."""

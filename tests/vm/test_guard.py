@@ -2,9 +2,10 @@
 
 One boot, six disks, each prepared with what a careful review found the guard let through:
 
-- vda: LUKS2 the volume's key opens, its keyslot argon2id with 1.5 GiB of memory (formatted on the
-  host): in the 1 GiB guest the key test fails with "out of memory" (exit 3), which is not "a
-  foreign LUKS" - even with allow_format the device must be refused, never wiped;
+- vda: LUKS2 formatted on the host with the volume's key, its keyslot's argon2id memory then
+  written as 1.5 GiB into the header's JSON (so the key no longer derives, but no host can tell
+  without 1.5 GiB): in the 1 GiB guest the key test fails allocating it, "out of memory" (exit 3),
+  which is not "a foreign LUKS" - even with allow_format the device must be refused, never wiped;
 - vdb: LUKS2 the volume's key opens, holding XFS with files (below LVM: pvcreate would wipe it);
 - vdc: a PV of the volume's own VG whose existing LV holds plain dm-crypt data (no signature);
 - vdd: zeroed at the start, data 400 MiB in;
