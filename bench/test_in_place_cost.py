@@ -17,7 +17,7 @@ The volume of tests/vm/test_in_place.py: a striped LV (2 x 64 KiB) of LV_MIB MiB
 import pytest
 
 from bench.conftest import Target
-from bench.lab_rates import DD_RUNS, cipher_mib_s, dd_in_place_seconds, unit_seconds
+from bench.lab_rates import DD_RUNS, cipher_rates, dd_in_place_seconds, unit_seconds
 from tests.vm.conftest import reencryption_underway, wait_for_unit_end
 from tests.vm.test_in_place import (
     LV,
@@ -42,7 +42,7 @@ def vm(request):
 
 def test_in_place_rate_against_dd_and_the_downtime(vm, bench):
     baseline = [dd_in_place_seconds(vm, LV, LV_MIB, MOUNT) for _ in range(DD_RUNS)]
-    ciphers = [cipher_mib_s(vm) for _ in range(DD_RUNS)]
+    ciphers = [cipher_rates(vm)[0] for _ in range(DD_RUNS)]  # encryption
     applied = vm.salt("state.apply hana.storage", title="state.apply: encrypt /hana/data in place, uncapped")
     assert applied.retcode == 0, failures(applied)
     downtime = in_place_state(applied)["changes"]["downtime_s"]

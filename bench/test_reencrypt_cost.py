@@ -13,13 +13,11 @@ written to the header before the hotzone) and hotzones bounded to reencrypt.HOTZ
 that I/O to the volume is never held long.
 """
 
-import re
-
 import pytest
 import yaml
 
 from bench.conftest import Target
-from bench.lab_rates import DD_RUNS, dd_in_place_seconds, unit_seconds
+from bench.lab_rates import DD_RUNS, cipher_rates, dd_in_place_seconds, unit_seconds
 from tests.vm.conftest import boot, reencryption_underway, wait_for_unit_end, write_lab_key
 from tests.vm.test_reencrypt import (
     CRYPT,
@@ -52,14 +50,7 @@ def vm(request):
 
 def cipher_both_ways_mib_s(vm):
     """AES-XTS (512-bit key) in memory, decrypting and encrypting each byte once, MiB/s."""
-    out = vm.run(
-        "cryptsetup benchmark --cipher aes-xts-plain64 --key-size 512",
-        check=True,
-        title="baseline: the cipher",
-    ).output
-    found = re.search(r"aes-xts\s+512b\s+([\d.]+)\s+MiB/s\s+([\d.]+)\s+MiB/s", out)
-    assert found, out
-    encryption, decryption = float(found.group(1)), float(found.group(2))
+    encryption, decryption = cipher_rates(vm)
     return 1 / (1 / encryption + 1 / decryption)
 
 
