@@ -2681,17 +2681,22 @@ def mounted(name, device, options, fstab_options):
         return _done(ret, f"cannot update {FSTAB}: {error}", result=False)
     todo = [] if status == "present" else [f"{'add' if status == 'new' else 'update'} /etc/fstab: {line}"]
     # only what the kernel shows can be compared: nofail, _netdev, x-systemd.* never show
-    missing = [
+    absent = [
         o
         for o in core.pillar.kernel_mount_options(options)
         if live and o not in live["options"] + live["super_options"]
     ]
+    missing = [o for o in absent if not core.pillar.mount_only(o)]
+    # mounted before the formula managed it (an existing host's volume): a remount cannot add
+    # these, so none is tried; the next mount, as /etc/fstab has it, does
+    later = [o for o in absent if core.pillar.mount_only(o)]
+    note = f" ({','.join(later)}: from its next mount, as /etc/fstab has it)" if later else ""
     if not live:
         todo.append(f"mount {device} at {name}")
     elif missing:
         todo.append(f"remount {name} with {','.join(missing)}")
     if not todo:
-        return _done(ret, f"{device} is mounted at {name}; /etc/fstab: {line}")
+        return _done(ret, f"{device} is mounted at {name}{note}; /etc/fstab: {line}")
     if __opts__["test"]:
         return _would(ret, "would " + "; ".join(todo))
     if status != "present":
@@ -2707,7 +2712,7 @@ def mounted(name, device, options, fstab_options):
         return _done(ret, f"mounting {device} at {name} failed: {result}", result=False)
     if not live or missing:
         ret["changes"]["mounted"] = {"device": device, "options": options}
-    return _done(ret, "; ".join(todo))
+    return _done(ret, "; ".join(todo) + note)
 
 
 def _live_mount(mountpoint):

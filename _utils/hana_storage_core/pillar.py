@@ -913,6 +913,24 @@ def normalize(config, systemd_version=None, ram_kib=None, crypttab=None, host_fi
     return plan
 
 
+# What a remount changes on a mounted XFS: the VFS's own per-mount and superblock flags, and of
+# XFS's options inode32/inode64 only (xfs_fs_reconfigure; newer kernels also attr2). Every other
+# XFS option (logbsize, allocsize, largeio, swalloc, discard, wsync, grpid, quotas, dax, ...) a
+# remount silently ignores: a mount made without it keeps going without it until mounted anew.
+REMOUNTABLE = frozenset(
+    {
+        "ro", "rw", "atime", "noatime", "diratime", "nodiratime", "relatime", "norelatime",
+        "strictatime", "nostrictatime", "lazytime", "nolazytime", "suid", "nosuid", "dev", "nodev",
+        "exec", "noexec", "sync", "async", "dirsync", "inode32", "inode64",
+    }
+)  # fmt: skip
+
+
+def mount_only(option):
+    """``option`` takes effect only when the XFS is mounted, never on a remount."""
+    return option.partition("=")[0] not in REMOUNTABLE
+
+
 def kernel_mount_options(options):
     """The mount options the kernel shows for a mount (userspace-only and x-* options never do)."""
     return [o for o in options if o not in USERSPACE_MOUNT_OPTIONS and not o.startswith(("x-", "comment="))]

@@ -206,6 +206,47 @@ def test_mounted_remounts_for_a_kernel_option_that_is_missing(salt_functions, mo
     salt_functions["mount.remount"].assert_called_once()
 
 
+def test_an_xfs_option_only_a_mount_sets_is_not_remounted_for_and_said_once_per_apply(
+    salt_functions, monkeypatch, tabs
+):
+    """A volume a host mounted before the formula managed it (its pillar asks for logbsize): a
+    remount does not change logbsize, so remounting for it reported a change at every apply and
+    changed nothing. It is left to the next mount, which /etc/fstab now gives it."""
+    monkeypatch.setattr(states, "_live_mount", lambda name: live(["rw", "noatime"], ["rw", "logbsize=32k"]))
+    monkeypatch.setattr(states, "_dev_of", lambda path: DEV)
+    monkeypatch.setattr(states.os.path, "exists", lambda path: True)
+    options = ["noatime", "nodiratime", "logbsize=256k"]
+    tabs.set(fstab=f"UUID=1234-abcd /hana/data xfs {','.join(options)} 0 0\n")
+    ret = states.mounted("/hana/data", "/dev/mapper/hana_data", options, options)
+    assert "remount /hana/data with nodiratime" in ret["comment"], ret
+    assert "(logbsize=256k: from its next mount, as /etc/fstab has it)" in ret["comment"]
+    salt_functions["mount.remount"].assert_called_once()
+    assert salt_functions["mount.remount"].call_args.kwargs["opts"] == ",".join(options)
+    monkeypatch.setattr(
+        states, "_live_mount", lambda name: live(["rw", "noatime", "nodiratime"], ["rw", "logbsize=32k"])
+    )
+    again = states.mounted("/hana/data", "/dev/mapper/hana_data", options, options)
+    assert again["result"] is True and again["changes"] == {}, again
+    assert salt_functions["mount.remount"].call_count == 1
+
+
+@pytest.mark.parametrize("option", ["discard", "wsync", "grpid", "filestreams", "prjquota"])
+def test_an_xfs_option_a_remount_ignores_is_not_remounted_for_at_every_apply(
+    salt_functions, monkeypatch, tabs, option
+):
+    """xfs_fs_reconfigure changes ro/rw and inode32/inode64 only and silently ignores the rest:
+    a volume mounted without one of these is not remounted for it, with a change reported, at
+    every apply (attack 26: a list of the options it ignores had left these out)."""
+    monkeypatch.setattr(states, "_live_mount", lambda name: live(["rw", "noatime"], ["rw"]))
+    monkeypatch.setattr(states, "_dev_of", lambda path: DEV)
+    monkeypatch.setattr(states.os.path, "exists", lambda path: True)
+    options = ["noatime", option]
+    tabs.set(fstab=f"UUID=1234-abcd /hana/data xfs {','.join(options)} 0 0\n")
+    ret = states.mounted("/hana/data", "/dev/mapper/hana_data", options, options)
+    assert ret["changes"] == {} and f"({option}: from its next mount" in ret["comment"], ret
+    salt_functions["mount.remount"].assert_not_called()
+
+
 def test_mounted_never_displaces_a_foreign_mount(salt_functions, monkeypatch, mounted_at_data):
     monkeypatch.setattr(states, "_dev_of", lambda path: "8:16")
     ret = states.mounted("/hana/data", "/dev/mapper/hana_data", ["noatime"], ["noatime"])
