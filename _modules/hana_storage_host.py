@@ -1081,6 +1081,11 @@ def _in_place_progress(plan):
     encryption in place (encrypt_in_place): the header read natively, the unit asked only then."""
     found = {}
     for name, volume in plan["volumes"].items():
+        if volume.get("encrypt_in_place") and volume.get("spare"):
+            moving = _moves_progress(name, volume)
+            if moving:
+                found[name] = moving
+            continue
         if not volume.get("encrypt_in_place") or not os.path.exists(volume["lv_path"]):
             continue
         try:
@@ -1096,6 +1101,25 @@ def _in_place_progress(plan):
             "progress": core.inplace.last_progress(_unit_output(unit)),
         }
     return found
+
+
+def _moves_progress(name, volume):
+    """The encryption in place below LVM of ``name`` as _in_place_progress has it, while its
+    ledger says it began and has not ended: mode "moves", the overall percent (moves done and
+    the current pvmove's copy), the step's description; None otherwise or when it cannot be read."""
+    try:
+        plan, ledger = core.move_runner.read_plan(name), core.move_runner.read_ledger(name)
+        if plan is None or ledger is None or ledger["done"]:
+            return None
+        facts = core.move_runner.read_facts(plan, test_keys=False)
+    except (core.moves.MovesError, core.move_runner.StepFailed, core.tab.TabError, OSError):
+        return None
+    return {
+        "mode": "moves",
+        "running": _unit_active(core.inplace.unit_name(volume["crypt_name"])),
+        "progress": {"percent": core.moves.percent(plan, facts), "eta_s": None},
+        "text": core.moves.describe(plan, facts),
+    }
 
 
 def _reencryptions_running(plan, devices):
@@ -1522,6 +1546,56 @@ def _reencryption_run(device, crypt_name, unit):
 def _reencryption_runs(crypt_name, device):
     """Its unit runs, or any ``cryptsetup reencrypt`` of it (one started by hand too)."""
     return _unit_active(core.inplace.unit_name(crypt_name)) or _reencrypt_running(crypt_name, device)
+
+
+def moves_stored_plan(volume_name):
+    """The plan of the encryption in place below LVM of ``volume_name`` as the state last wrote
+    it for its unit (moves.plan), or None."""
+    return core.move_runner.read_plan(volume_name)
+
+
+def moves_facts(plan):
+    """
+    Where the encryption in place below LVM of a volume stands, read-only: ``plan`` (moves.plan,
+    as the state builds it), its ledger (None before the first start), the facts moves.next_step
+    decides on, the step that comes next, whether its unit runs, and the last lines the unit
+    wrote.
+    """
+    volume = plan["volume"]
+    unit = core.inplace.unit_name(plan["spare"]["name"].removesuffix(core.pillar.SPARE_SUFFIX))
+    ledger = core.move_runner.read_ledger(volume)
+    facts = core.move_runner.read_facts(plan)
+    running = _unit_active(unit)
+    return {
+        "ledger": ledger,
+        "facts": facts,
+        "step": core.moves.next_step(plan, facts, ledger or core.moves.new_ledger()),
+        "unit": unit,
+        "running": running,
+        "output": "" if running or ledger is None else _unit_output(unit),
+    }
+
+
+def moves_pending(volume):
+    """
+    Whether ``volume`` (its plan) is being encrypted in place below LVM: a raw device or the
+    spare's crypt device is a PV of its VG, or a ledger says the moves began and have not
+    ended. While it is, the moves' unit owns its devices and the volume's other states wait
+    (map.jinja).
+    """
+    if volume.get("encryption") != "below_lvm" or not volume.get("spare"):
+        return False
+    try:
+        ledger = core.move_runner.read_ledger(volume["name"])
+        rows = core.move_runner.pv_rows() if ledger is None else {}
+    except (core.moves.MovesError, core.move_runner.StepFailed, OSError):
+        return True  # not known: the moves' state says why, the volume's other states wait
+    if ledger is not None:
+        return not ledger["done"]
+    paths = [*volume["devices"], core.moves.mapper(volume["spare"]["name"])]
+    return any(
+        rows.get(os.path.realpath(p), {}).get("vg") == volume["vg"] for p in paths if os.path.exists(p)
+    )
 
 
 def tail_state(device, shift):

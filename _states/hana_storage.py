@@ -20,6 +20,7 @@ import hmac
 import os
 import shutil
 import stat
+import sys
 import tempfile
 import time
 import uuid as uuid_module
@@ -745,6 +746,164 @@ def _encrypt_in_place(
     saved = f" {_saved_room(device)} holds a plaintext copy of its room: shred -u it."
     note = saved if os.path.exists(_saved_room(device)) else ""
     return _done(ret, f"{name} {why}: {plan} ({round(time.monotonic() - began, 1)} s){note}")
+
+
+def moved_onto_luks(name, volume, luks):
+    """
+    The volume ``name``, installed unencrypted below LVM (its devices raw PVs of its VG), is
+    encrypted in place online: each PV's extents move onto a LUKS PV, through the pillar's spare
+    LUN (``hana_storage_core.moves`` has the route and why). The state checks what it can before
+    the first step (the spare blank, every target large enough), writes the plan and starts the
+    unit ``hana-storage-encrypt-<crypt name>``, which runs every move and outlives the Salt job.
+    Each later run says how far it is, and starts the unit again after a kill, a failed step or
+    a boot; nothing is unmounted.
+
+    volume
+        The volume's plan (``hana_storage.settings``).
+    luks
+        The LUKS policy (cipher, key_size, sector_size, pbkdf, flags).
+    """
+    ret = _ret(name)
+    try:
+        plan = _moves_plan(volume, luks, __salt__["hana_storage_host.moves_stored_plan"](name))
+        found = __salt__["hana_storage_host.moves_facts"](plan)
+    except (core.moves.MovesError, core.move_runner.StepFailed, core.tab.TabError, OSError) as error:
+        return _done(ret, f"{name}: cannot tell where its encryption in place stands: {error}", result=False)
+    step, ledger, unit = found["step"], found["ledger"], found["unit"]
+    where = core.moves.describe(plan, found["facts"])
+    if step["action"] == "done":
+        return _done(ret, where)
+    if found["running"]:
+        return _done(ret, f"{where}; the unit {unit} runs it")
+    spare_device = volume["spare"]["device"]
+    if ledger is not None and ledger["spare_device"] != spare_device:
+        return _done(
+            ret,
+            f"{name}: in_place_spare is {spare_device}, the moves began with {ledger['spare_device']}: "
+            "the spare cannot change while they run. Nothing was changed.",
+            result=False,
+        )
+    if ledger is None:
+        refused = _moves_refused(volume, plan, found["facts"])
+        if refused:
+            return _done(
+                ret, f"not encrypting {name} in place: {refused}. Nothing was changed.", result=False
+            )
+    moves = "; ".join(
+        f"{m['source']} onto {m['target']['name']} ({m['target']['device']})" for m in plan["moves"]
+    )
+    failed = f" Its last run failed: {ledger['error']}." if ledger and ledger["error"] else ""
+    if __opts__["test"]:
+        if ledger is None:
+            return _would(
+                ret,
+                f"{name}: would format the spare {volume['spare']['device']} LUKS2 and start {unit}, which "
+                f"moves {moves}, writes over each new PV's free extents and erases the spare",
+            )
+        return _would(ret, f"{where}.{failed} Would start {unit} again: {step['text']}")
+    try:
+        core.move_runner.write_json(core.moves.plan_path(name), plan)
+        if ledger is None:
+            core.move_runner.write_json(
+                core.moves.ledger_path(name),
+                {**core.moves.new_ledger(), "spare_blank": True, "spare_device": spare_device},
+            )
+    except OSError as error:
+        return _done(ret, f"{name}: cannot write its plan: {error}. Nothing was changed.", result=False)
+    _run(["systemctl", "reset-failed", unit])  # systemd keeps a failed transient unit's name taken
+    ok, err = _run(core.moves.unit_argv(name, unit, sys.executable, os.path.dirname(core.HERE)))
+    # a bus connection dropped after systemd took the job fails systemd-run, the unit runs anyway
+    if not ok and not __salt__["hana_storage_host.moves_facts"](plan)["running"]:
+        return _done(ret, f"{name}: cannot start {unit}: {err}", result=False)
+    verb = "started" if ledger is None else "started again"
+    return _done(
+        ret,
+        f"{where}.{failed} {unit} {verb}: {step['text']}",
+        result=not failed,
+        encrypting={"volume": name, "unit": unit, "moves": [m["source"] for m in plan["moves"]]},
+    )
+
+
+def _moves_plan(volume, luks, stored):
+    """moves.plan for ``volume``, with the LUKS UUIDs of the ``stored`` plan (the unit formats with
+    them and crypttab names them: they never change once written), new ones for the rest."""
+    uuids = {m["target"]["name"]: m["target"]["uuid"] for m in (stored or {}).get("moves", [])}
+    lines = {}
+    for target in [volume["spare"], *volume["crypt"]]:
+        uuids.setdefault(target["name"], str(uuid_module.uuid4()))
+        source = core.stack.crypttab_source(
+            uuids[target["name"]], __salt__["hana_storage_host.dm_uuid"](target["device"])
+        )
+        lines[target["name"]] = core.tab.render_crypttab(
+            target["name"], source, volume["key"]["crypttab"], volume["crypttab_options"]
+        )
+    flags = [f["cryptsetup"] for f in luks["flags"] if f["wanted"]]
+    if stored:  # the policy the first targets were formatted with: every target gets the same
+        policy = stored["luks"]
+    else:  # the LV keeps its XFS: no LUKS sector larger than the XFS's (inplace.sector_size)
+        try:
+            fs_sector = __salt__["hana_storage_host.xfs_superblock"](volume["lv_path"])["sectsize"]
+        except (CommandExecutionError, KeyError) as error:
+            raise core.moves.MovesError(
+                f"the XFS on {volume['lv_path']} cannot be read ({error}): its sector size bounds the "
+                "LUKS sector size"
+            ) from None
+        policy = {**luks, "sector_size": core.inplace.sector_size(luks["sector_size"], fs_sector)}
+    return core.moves.plan(volume, volume["key"]["file"], policy, flags, lines, uuids)
+
+
+def _moves_refused(volume, plan, facts):
+    """Why the moves may not begin (None: they may): the spare not blank, a device not a PV of
+    the volume's VG, a target too small."""
+    spare = volume["spare"]["device"]
+    probe = _probe(spare)
+    verdict = core.safety.disk_verdict({**volume, "may_format": []}, probe)
+    if verdict["code"] != "blank":
+        return f"the spare {spare} {verdict['reason']}; it must be blank"
+    strangers = [d for d in volume["devices"] if (facts["pvs"].get(d) or {}).get("vg") != volume["vg"]]
+    if strangers:
+        return f"{', '.join(strangers)} {'is' if len(strangers) == 1 else 'are'} not a PV of {volume['vg']}"
+    stuck = _boot_waits_for(volume)
+    if stuck:
+        return stuck
+    room = __salt__["hana_storage_host.vg_pvs"](volume["vg"])
+    if "error" in room:
+        return f"the PVs of {volume['vg']} cannot be read: {room['error']}"
+    named = {os.path.realpath(d) for d in volume["devices"]}
+    others = [p for p in room["pvs"] if os.path.realpath(p) not in named]
+    if others:
+        return (
+            f"{volume['vg']} also has {', '.join(others)}, which the pillar's devices do not name: no move "
+            "would take it, and it would stay a raw PV; name it in devices, or pvmove it off and vgreduce it"
+        )
+    sizes = {d: __salt__["hana_storage_host.block_bytes"](d) for d in [spare, *volume["devices"]]}
+    errors = core.moves.room_errors(plan, facts, sizes)
+    return "; ".join(errors) or None
+
+
+def _boot_waits_for(volume):
+    """Why a boot in the middle of the moves would not come up (None: it would). A key the boot
+    cannot open with (a pillar key's crypttab line is noauto) leaves the new LUKS PVs closed,
+    the VG partial and the LV inactive: an /etc/fstab line of the mount point without noauto or
+    nofail then sends the boot to emergency mode, where no Salt runs to open them."""
+    if "noauto" not in volume["crypttab_options"]:
+        return None
+    try:
+        with open(FSTAB, encoding="utf-8") as handle:
+            entries = core.tab.parse_fstab(handle.read())
+    except FileNotFoundError:
+        return None
+    except (OSError, core.tab.TabError) as error:
+        return f"{FSTAB} cannot be read ({error})"
+    mine = [e for e in entries if core.tab.mount_key(e["file"]) == core.tab.mount_key(volume["mountpoint"])]
+    waits = [e for e in mine if not {"noauto", "nofail"} & set(e["options"])]
+    if waits:
+        return (
+            f"{FSTAB} line {waits[0]['line']} mounts {volume['mountpoint']} at boot, and with this key the "
+            "boot opens none of the new LUKS PVs: a boot in the middle would stop in emergency mode. Add "
+            "nofail (or noauto) to that line first"
+        )
+    return None
 
 
 def _date_in_place_key(ret, device, why, day):

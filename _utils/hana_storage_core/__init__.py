@@ -37,6 +37,8 @@ from . import (  # noqa: F401 - the package's modules, as core.<module> for its 
     luks,
     lun,
     lvm,
+    move_runner,
+    moves,
     pillar,
     readiness,
     reencrypt,

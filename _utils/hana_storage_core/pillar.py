@@ -25,6 +25,7 @@ REDACTED = "<redacted>"
 RUNTIME_DIR = "/run/hana-storage"  # the formula's own: ramfs for pillar keys and Clevis' scratch
 PILLAR_KEY_DIR = f"{RUNTIME_DIR}/keys"
 HEADER_BACKUP_SUFFIX = ".luks-header"  # <header_backup.directory>/<crypt name>.luks-header
+SPARE_SUFFIX = "_spare"  # the spare LUN's crypt name below LVM: <crypt_name>_spare
 
 # Paths the formula must never mount over or keep keys in.
 SYSTEM_PATHS = frozenset(
@@ -260,17 +261,29 @@ def _setting(config, volume_name, key):
 
 
 def _in_place_errors(config, name, volume):
-    """encrypt_in_place takes the one route the formula proves: an XFS on an LV (above LVM),
-    opened by a key the host holds (a key file or the pillar's key)."""
+    """encrypt_in_place takes one of the two routes the formula proves, opened by a key the host
+    holds (a key file or the pillar's key): above LVM the XFS on the LV is encrypted where it
+    is (inplace.py); below LVM each PV's extents move onto a LUKS PV, through a spare LUN
+    (moves.py)."""
+    below = _setting(config, name, "encryption")[0] == "below_lvm"
+    spare = volume.get("in_place_spare")
+    if spare is not None and not (below and volume.get("encrypt_in_place")):
+        return [
+            f"{keypath('volumes', name, 'in_place_spare')}: a spare LUN is for the encryption in place "
+            "below LVM only (encryption: below_lvm and encrypt_in_place: true)"
+        ]
     if not volume.get("encrypt_in_place"):
         return []
     where = keypath("volumes", name, "encrypt_in_place")
-    if _setting(config, name, "encryption")[0] == "below_lvm":
+    if below and spare is None:
         return [
-            f"{where}: below LVM each PV would have to be moved onto a new LUKS PV (pvmove through a "
-            "spare LUN), which the formula does not do; encrypt above LVM in place (encryption: "
-            "above_lvm), or move the data by hand"
+            f"{where}: below LVM each PV's extents move (pvmove) onto a LUKS PV through a spare LUN: "
+            f"name a blank LUN at least as large as the largest device in "
+            f"{keypath('volumes', name, 'in_place_spare')}, or encrypt above LVM in place "
+            "(encryption: above_lvm)"
         ]
+    if below and spare in volume.get("devices", []):
+        return [f"{keypath('volumes', name, 'in_place_spare')}: {spare} is one of the volume's devices"]
     key = volume.get("key", config.get("key", {}))
     if isinstance(key.get("previous"), dict):
         return [
@@ -449,6 +462,12 @@ def semantic_errors(config, fixable=None):
                     f"a device belongs to one volume only"
                 )
             device_owner.setdefault(device, name)
+        spare = volume.get("in_place_spare")
+        if spare is not None and device_owner.setdefault(spare, name) != name:
+            errors.append(
+                f"{keypath('volumes', name, 'in_place_spare')}: {spare} is already used by volume "
+                f"{device_owner[spare]!r}; a device belongs to one volume only"
+            )
         for index, device in enumerate(volume.get("allow_format", [])):
             if device not in volume["devices"]:
                 errors.append(
@@ -764,6 +783,8 @@ def _names(name, volume, encryption):
     crypt_names = (
         [f"{crypt}_{i}" for i in range(len(volume["devices"]))] if encryption == "below_lvm" else crypt
     )
+    if encryption == "below_lvm" and volume.get("in_place_spare"):
+        crypt_names = [*crypt_names, f"{crypt}{SPARE_SUFFIX}"]
     return {"vg": names["vg"], "crypt": crypt_names}
 
 
@@ -876,10 +897,17 @@ def normalize(config, systemd_version=None, ram_kib=None, crypttab=None, host_fi
             volume["crypt"] = [
                 {"name": crypt, "device": device}
                 for crypt, device in zip(
-                    _names(name, raw, "below_lvm")["crypt"], volume["devices"], strict=True
+                    _names(name, raw, "below_lvm")["crypt"][: len(volume["devices"])],
+                    volume["devices"],
+                    strict=True,
                 )
             ]
             volume["pvs"] = [f"/dev/mapper/{c['name']}" for c in volume["crypt"]]
+            if volume["encrypt_in_place"]:
+                volume["spare"] = {
+                    "name": f"{volume['crypt_name']}{SPARE_SUFFIX}",
+                    "device": volume.pop("in_place_spare"),
+                }
             volume["fs_device"] = volume["lv_path"]
             volume["fs_dm_name"] = volume["lv_dm_name"]
         backups = config.get("header_backup", {}).get("directory")

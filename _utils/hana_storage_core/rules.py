@@ -663,7 +663,11 @@ class VolumeAudit:
         summary.update(layer="in_place", stack=info["devices"], in_place=underway)
         progress = underway.get("progress")
         name = self.volume["crypt_name"]
-        if underway.get("running"):
+        if underway.get("mode") == "moves":  # below LVM: each PV moved onto a LUKS PV
+            how = underway.get("text") or f"encrypting {name} PV by PV"
+            if not underway.get("running"):
+                how += ": not running, the next apply starts it again"
+        elif underway.get("running"):
             how = inplace.describe(name, progress)
         else:
             stopped = f" (stopped at {progress['percent']} %)" if progress else ""

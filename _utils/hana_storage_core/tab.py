@@ -113,6 +113,22 @@ def set_entry(text, kind, key, line):
     return "".join(result), "present" if same else "change"
 
 
+def drop_entry(text, kind, key):
+    """``text`` without the entries of ``key`` (as set_entry matches them); every other line is
+    kept byte for byte."""
+    parse, field = {"crypttab": (parse_crypttab, "name"), "fstab": (parse_fstab, "file")}[kind]
+    same_key = (lambda k: mount_key(k) == mount_key(key)) if kind == "fstab" else (lambda k: k == key)
+    kept = []
+    for raw in text.splitlines(keepends=True):
+        try:
+            entries = parse(raw)
+        except TabError:
+            entries = []
+        if not entries or not same_key(entries[0][field]):
+            kept.append(raw)
+    return "".join(kept)
+
+
 def parse_fstab(text):
     """[{spec, file, vfstype, options: [...], freq, passno, line}] from /etc/fstab."""
     entries = []

@@ -1011,6 +1011,21 @@ def test_during_an_encryption_in_place_the_volume_is_enc_001_with_its_progress_a
     assert "not running (stopped at 25 %): the next apply goes on" in stopped[0]["message"]
 
 
+def test_while_its_pvs_move_onto_luks_a_volume_below_lvm_is_enc_001_saying_how_far():
+    facts = compliant()
+    text = "log: move 2 of 3 (/dev/vdd onto hana_log_0) 40 %"
+    facts["in_place"] = {
+        "log": {"mode": "moves", "running": True, "progress": {"percent": 46, "eta_s": None}, "text": text}
+    }
+    plan = plan_of(PILLAR)
+    log = [f for f in rules.audit(plan, facts)["findings"] if f["volume"] == "log"]
+    assert [(f["rule"], f["actual"]) for f in log] == [("HANA-ENC-001", "46 % encrypted")]
+    assert log[0]["message"].endswith(f"({text})")
+    facts["in_place"]["log"]["running"] = False
+    log = [f for f in rules.audit(plan, facts)["findings"] if f["volume"] == "log"]
+    assert log[0]["message"].endswith(f"({text}: not running, the next apply starts it again)")
+
+
 def test_a_volume_key_past_its_cryptoperiod_or_of_unknown_age_is_key_010(make_luks, tmp_path):
     """On a real header: the formula's date token imported by cryptsetup, read by the parser,
     judged on the host's date. No cryptoperiod in the pillar: nothing is said."""

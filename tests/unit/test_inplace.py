@@ -227,11 +227,14 @@ def test_no_command_line_carries_key_material_and_the_unit_stops_on_sigint_only(
 # ---- the pillar's gate -----------------------------------------------------------------------
 
 
-def test_encrypt_in_place_below_lvm_names_the_route_it_lacks():
+def test_encrypt_in_place_below_lvm_without_a_spare_names_the_route_and_what_it_needs():
     errors = errors_of(mutate("volumes:log:encrypt_in_place", True))
-    assert any("pvmove through a spare LUN" in e and "volumes:log:encrypt_in_place" in e for e in errors), (
-        errors
-    )
+    assert any(
+        "through a spare LUN" in e
+        and "volumes:log:in_place_spare" in e
+        and "volumes:log:encrypt_in_place" in e
+        for e in errors
+    ), errors
 
 
 def test_encrypt_in_place_with_a_clevis_key_source_is_refused():

@@ -19,10 +19,14 @@ TANG = {
 }
 
 
-def rendered(tmp_path, storage, sls="luks.sls"):
+def rendered(tmp_path, storage, sls="luks.sls", moving=()):
+    """``moving``: the volumes whose PVs are being moved onto LUKS PVs (moves_pending)."""
     plan = hp.normalize(hp.merge(DEFAULTS, storage))
-    settings = {"hana_storage.settings": lambda host_checks=True: {"valid": True, "config": plan}}
-    return salt.utils.yaml.safe_load(render(tmp_path, sls, "Suse", functions=settings))
+    functions = {
+        "hana_storage.settings": lambda host_checks=True: {"valid": True, "config": plan},
+        "hana_storage_host.moves_pending": lambda volume: volume["name"] in moving,
+    }
+    return salt.utils.yaml.safe_load(render(tmp_path, sls, "Suse", functions=functions))
 
 
 def luks_states(tmp_path, storage):

@@ -9,7 +9,7 @@
 ---
 {%- from "hana/storage/map.jinja" import hana_storage with context %}
 {%- if hana_storage.valid %}
-{%-   for name, volume in hana_storage.config.volumes | dictsort %}
+{%-   for name, volume in hana_storage.config.volumes | dictsort if not volume.moving %}
 {%-     for crypt in volume.crypt %}
 
 hana-storage-{{ name }}-crypttab-{{ loop.index0 }}:

@@ -1,7 +1,9 @@
 # -*- coding: utf-8 -*-
 # vim: ft=sls
 # LUKS2 format and open: on the LV (above LVM) or on each disk (below). A volume installed
-# unencrypted, with encrypt_in_place, is encrypted where it is first (in-place), and one with
+# unencrypted, with encrypt_in_place, is encrypted where it is first: above LVM by in-place;
+# below LVM by moves, its PVs moved onto LUKS PVs by a unit of its own, while every other state
+# of the volume waits (map.jinja's "moving"), and one with
 # reencrypt_online is re-encrypted online once open (reencrypt-N); while either runs,
 # each step that writes a header or a mapping leaves the device alone. Nothing is written to a
 # device the key opens before what it holds is known: it is opened without storing the dm-crypt
@@ -15,10 +17,20 @@
 {%- from "hana/storage/map.jinja" import hana_storage with context %}
 {%- if hana_storage.valid %}
 {%-   set luks = hana_storage.config.luks %}
-{%-   for name, volume in hana_storage.config.volumes | dictsort %}
+{%-   for name, volume in hana_storage.config.volumes | dictsort if volume.moving %}
+
+hana-storage-{{ name }}-moves:
+  hana_storage.moved_onto_luks:
+    - name: {{ name }}
+    - volume: {{ volume | json }}
+    - luks: {{ luks | json }}
+    - require:
+      - hana_storage: hana-storage-key-{{ volume.key.id }}
+{%-   endfor %}
+{%-   for name, volume in hana_storage.config.volumes | dictsort if not volume.moving %}
 {%-     set above = volume.encryption == 'above_lvm' %}
 {%-     set may_wipe = volume.may_format | length == volume.devices | length %}
-{%-     if volume.encrypt_in_place %}
+{%-     if volume.encrypt_in_place and above %}
 
 hana-storage-{{ name }}-in-place:
   hana_storage.encrypted_in_place:
@@ -56,7 +68,7 @@ hana-storage-{{ name }}-luks-{{ loop.index0 }}:
     - previous_key_file: {{ volume.key.previous.file }}
 {%-       endif %}
     - require:
-      - hana_storage: hana-storage-{{ name }}-{{ 'in-place' if volume.encrypt_in_place else 'lv-active' if above else 'guard' }}
+      - hana_storage: hana-storage-{{ name }}-{{ 'in-place' if volume.encrypt_in_place and above else 'lv-active' if above else 'guard' }}
 
 hana-storage-{{ name }}-open-{{ loop.index0 }}:
   hana_storage.luks_opened:

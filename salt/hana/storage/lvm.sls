@@ -8,7 +8,7 @@
 ---
 {%- from "hana/storage/map.jinja" import hana_storage with context %}
 {%- if hana_storage.valid %}
-{%-   for name, volume in hana_storage.config.volumes | dictsort %}
+{%-   for name, volume in hana_storage.config.volumes | dictsort if not volume.moving %}
 {%-     set above = volume.encryption == 'above_lvm' %}
 {%-     for pv in volume.pvs %}
 
