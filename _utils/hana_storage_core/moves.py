@@ -7,10 +7,12 @@ The route, for a volume on devices D0 .. Dn-1 (raw PVs of its VG) and a blank sp
 1. S is formatted LUKS2 and opened as ``<crypt>_spare``; D0's extents move onto it;
 2. each freed Dk-1 is formatted and opened as ``<crypt>_<k-1>``; Dk's extents move onto it;
 3. the last one, Dn-1, is formatted as ``<crypt>_<n-1>`` and the spare's extents move onto it;
-4. the free extents of each new PV are written over (zeros through dm-crypt), since a raw PV's
-   unallocated extents may hold old plaintext the moves never overwrite;
-5. the spare leaves the VG, is closed, and its LUKS2 header is erased: it holds ciphertext only,
-   whose key is then gone, and is blank again for another volume.
+4. the free extents of each new PV are written over (zeros through dm-crypt), as its head and
+   tail were before its pvcreate, since a raw PV's unallocated extents, metadata area and tail
+   may hold old plaintext the moves never overwrite;
+5. the spare leaves the VG, is closed, and its LUKS2 header is erased: it held ciphertext only,
+   whose key is then gone (what stays reads as data to the guard: it is zeroed, or named in
+   allow_format, to serve again).
 
 n + 1 moves, one more than the least, so that every device ends with the crypt name of its
 position in the pillar (``<crypt>_<k>`` on Dk, as on a host the formula built) and no pillar
@@ -19,10 +21,13 @@ no PV ever holds two stripes of the LV. Each new crypt device is in /etc/cryptta
 becomes a PV: a boot in the middle opens it and LVM finds its VG whole, with the interrupted
 pvmove in it, which the next ``pvmove`` resumes from LVM's last checkpoint.
 
-A device is formatted only when it is the spare, blank when the state checked it before the
-first step (the ledger says so) and still without a signature, or a device this route freed:
-the ledger names it before ``vgreduce`` takes it out of the VG, which LVM allows only when no
-extent is left on it, and LVM must not list it in any VG. Anything else is refused.
+A device is formatted only when it is the spare the state found blank before the first step
+(the ledger names it) and still without a signature, or a device this route freed: the ledger
+names it with its PV UUID before ``vgreduce`` takes it out of the VG, which LVM allows only when
+no extent is left on it, and it must still carry exactly that PV label, in no VG. A device the
+ledger says these moves formatted is never formatted again unless it carries their LUKS header
+without a keyslot (a luksFormat cut short): a path of it without that header names another disk.
+Anything else is refused.
 
 A step is a dict: ``action`` (the code the runner and the state decide on), ``move`` (its
 index, or None), ``text`` (for people), and what the action needs.
