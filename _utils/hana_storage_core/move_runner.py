@@ -120,35 +120,30 @@ def _key_opens(device, key_file):
     return _run(argv, check=False).returncode == 0
 
 
-def _keyslots(device):
-    """How many keyslots the LUKS2 header of ``device`` has, or None when it cannot be read."""
+def _header(device):
+    """The LUKS2 header of ``device`` (luks.parse_header), or None when it cannot be read: torn,
+    not LUKS2, or the device not readable."""
     try:
         fd = os.open(device, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
     try:
-        header = luks.parse_header(lambda offset, size: os.pread(fd, size, offset))
+        return luks.parse_header(lambda offset, size: os.pread(fd, size, offset))
     except (ValueError, OSError):
         return None
     finally:
         os.close(fd)
-    slots = header.get("keyslots")
+
+
+def _keyslots(header):
+    """How many keyslots ``header`` has, or None when it could not be read."""
+    slots = (header or {}).get("keyslots")
     return len(slots) if isinstance(slots, (list, dict)) else None
 
 
-def _key_dated(device):
-    """The LUKS2 header of ``device`` dates its volume key (reencrypt.KEY_DATE_TOKEN)."""
-    try:
-        fd = os.open(device, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        header = luks.parse_header(lambda offset, size: os.pread(fd, size, offset))
-    except ValueError:
-        return False  # torn or not LUKS2: not dated
-    finally:
-        os.close(fd)
-    return reencrypt.volume_key_date(header) is not None
+def _key_dated(header):
+    """``header`` dates its volume key (reencrypt.KEY_DATE_TOKEN); an unread one does not."""
+    return header is not None and reencrypt.volume_key_date(header) is not None
 
 
 def _crypttab_names():
@@ -199,11 +194,12 @@ def read_facts(plan, test_keys=True):
             signatures[device].append(f"{found['PTTYPE']} partition table")
         blkid_uuid[device] = found.get("UUID")
         if found.get("TYPE") == "crypto_LUKS":
+            header = _header(device)
             luks[device] = {
                 "uuid": found.get("UUID"),
                 "opens": _key_opens(device, plan["key_file"]) if test_keys and name not in opened else None,
-                "dated": _key_dated(device),
-                "keyslots": _keyslots(device),
+                "dated": _key_dated(header),
+                "keyslots": _keyslots(header),
             }
     lvs = _lv_rows(plan["vg"])
     moving = next((lv for lv in lvs if str(lv.get("lv_attr", "")).startswith("p")), None)
@@ -249,19 +245,13 @@ def _fill(plan, name):
     if free > 0:
         _run(["lvcreate", "-y", "-Wn", "-Zn", "-n", moves.FILL_LV, "-l", str(free), vg, pv_path])
         path = f"/dev/{lv}"
-        size = int(_run(["blockdev", "--getsize64", path]).stdout)
-        _run(
-            [
-                "dd",
-                "if=/dev/zero",
-                f"of={path}",
-                "bs=1M",
-                f"count={size >> 20}",
-                "oflag=direct",
-                "status=none",
-            ]
-        )
+        _zero(path, 0, _size(path))
         _run(["lvremove", "-y", lv])
+
+
+def _size(path):
+    """The size of the block device at ``path`` in bytes."""
+    return int(_run(["blockdev", "--getsize64", path]).stdout)
 
 
 def _zero(path, offset, length):
@@ -283,7 +273,7 @@ def _scrub(path, extent):
     last whole extent, where the raw PV's old plaintext sits, shifted by the LUKS2 header."""
     if _blkid(path):
         return  # something is on it already (a pvcreate that was cut short after its label)
-    size = int(_run(["blockdev", "--getsize64", path]).stdout)
+    size = _size(path)
     head = min(size, moves.LUKS2_DATA_OFFSET)
     _zero(path, 0, head)
     tail = max(head, size - (extent or 0) - moves.LUKS2_DATA_OFFSET)

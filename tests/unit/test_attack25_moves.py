@@ -28,7 +28,7 @@ from tests.unit.test_moves import (
     the_plan,
     volume_plan,
 )
-from tests.unit.test_sls import rendered
+from tests.unit.test_sls import rendered_all
 
 states = load("_states/hana_storage.py", "hana_storage_state_attack_moves")
 host_module = load("_modules/hana_storage_host.py", "hana_storage_host_attack_moves")
@@ -113,17 +113,7 @@ def test_HOLE_once_the_moves_are_done_the_volume_gets_the_above_lvm_in_place_sta
     every state of the cycle ("Recursive requisite found"): no crypttab, flags, header backups
     or mount for that volume, ever, until encrypt_in_place and in_place_spare leave the pillar.
     The same on a fresh host whose devices are not PVs yet."""
-    found = {}
-    for sls in (
-        "keys.sls",
-        "guard.sls",
-        "luks.sls",
-        "lvm.sls",
-        "crypttab.sls",
-        "filesystem.sls",
-        "mount.sls",
-    ):
-        found.update(rendered(tmp_path, storage(), sls) or {})
+    found = rendered_all(tmp_path, storage())
     assert "hana-storage-data-in-place" not in found, "above-LVM in-place rendered for a below-LVM volume"
     assert _cycle(_graph(found), "hana-storage-data-luks-0") is None
 
@@ -175,7 +165,7 @@ def _fake_host(monkeypatch, blkid, pvs, existing, status):
     monkeypatch.setattr(move_runner, "_lv_rows", lambda vg: [])
     monkeypatch.setattr(move_runner, "_crypttab_names", lambda: ["hana_data_spare"])
     monkeypatch.setattr(move_runner, "_key_opens", lambda device, key: True)
-    monkeypatch.setattr(move_runner, "_key_dated", lambda device: True)
+    monkeypatch.setattr(move_runner, "_key_dated", lambda header: True)
     monkeypatch.setattr(move_runner, "_crypt_device", lambda name: status.get(name))
 
     def fake_run(argv, check=True, stdin=None):

@@ -11,7 +11,7 @@ from hana_storage_core import pillar as hp
 
 from tests.conftest import REPO
 from tests.unit.test_pillar import errors_of, mutate
-from tests.unit.test_sls import rendered, requires
+from tests.unit.test_sls import rendered_all, requires
 
 DEFAULTS = yaml.safe_load((REPO / "salt/hana/storage/parameters/defaults.yaml").read_text())
 KEY = "/etc/hana-storage/keys/hana.key"
@@ -389,25 +389,13 @@ def test_drop_entry_removes_only_that_name():
 
 
 def test_while_the_moves_run_the_volume_has_only_their_state_which_runs_after_its_key(tmp_path):
-    states = {}
-    for sls in (
-        "keys.sls",
-        "guard.sls",
-        "luks.sls",
-        "lvm.sls",
-        "crypttab.sls",
-        "filesystem.sls",
-        "mount.sls",
-    ):
-        states.update(rendered(tmp_path, storage(), sls, moving=("data",)) or {})  # empty: None
+    states = rendered_all(tmp_path, storage(), moving=("data",))
     data = sorted(s for s in states if s.startswith("hana-storage-data-"))
     assert data == ["hana-storage-data-moves"], data
     assert requires(states["hana-storage-data-moves"]["hana_storage.moved_onto_luks"]) == [
         "hana-storage-key-default"
     ]
-    after = {}
-    for sls in ("guard.sls", "luks.sls", "lvm.sls", "crypttab.sls"):
-        after.update(rendered(tmp_path, storage(), sls))
+    after = rendered_all(tmp_path, storage(), ("guard.sls", "luks.sls", "lvm.sls", "crypttab.sls"))
     assert "hana-storage-data-moves" not in after and "hana-storage-data-crypttab-2" in after
 
 

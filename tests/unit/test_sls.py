@@ -29,6 +29,18 @@ def rendered(tmp_path, storage, sls="luks.sls", moving=()):
     return salt.utils.yaml.safe_load(render(tmp_path, sls, "Suse", functions=functions))
 
 
+# every SLS file with states of a volume, in init.sls's order
+VOLUME_SLS = ("keys.sls", "guard.sls", "luks.sls", "lvm.sls", "crypttab.sls", "filesystem.sls", "mount.sls")
+
+
+def rendered_all(tmp_path, storage, files=VOLUME_SLS, moving=()):
+    """The states of ``files`` rendered together (an SLS with no state renders to None)."""
+    states = {}
+    for sls in files:
+        states.update(rendered(tmp_path, storage, sls, moving) or {})
+    return states
+
+
 def luks_states(tmp_path, storage):
     return rendered(tmp_path, storage)
 
@@ -174,17 +186,7 @@ def test_nothing_persistent_reaches_a_device_before_what_it_holds_is_checked(tmp
                              "previous": {"source": "keyfile", "path": "/etc/hana-storage/keys/old.key"}}},
     }[key]  # fmt: skip
     pillar = storage(header_backup={"directory": "/var/lib/hana-storage/luks-headers"}, **keys)
-    states = {}
-    for sls in (
-        "keys.sls",
-        "guard.sls",
-        "luks.sls",
-        "lvm.sls",
-        "crypttab.sls",
-        "filesystem.sls",
-        "mount.sls",
-    ):
-        states.update(rendered(tmp_path, pillar, sls))
+    states = rendered_all(tmp_path, pillar)
     persistent = ("rekey", "tang", "flags", "header-backup", "crypttab", "retire")
     checked = 0
     for volume, inside in (("data", "hana-storage-data-mkfs"), ("log", "hana-storage-log-inside-0")):

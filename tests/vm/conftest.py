@@ -109,6 +109,13 @@ def wait_for_unit_end(vm, unit, timeout=1800, every=0.5):
     )
 
 
+def failures(applied):
+    """Each state of an apply that did not succeed, as ``<id>: <comment>`` lines."""
+    return "\n".join(
+        f"{s['__id__']}: {s['comment']}" for s in applied.ret.values() if s["result"] is not True
+    )
+
+
 def why_it_ended(vm, pid):
     """What a detached apply that ended by itself returned: the comment of each state that did
     not succeed, or the whole return (a traceback, a render error)."""

@@ -38,6 +38,7 @@ from tests.vm.conftest import (
     boot_without_salt,
     close_storage,
     days_since_start,
+    failures,
     reencryption_underway,
     unit_progress,
     wait_for_progress,
@@ -75,12 +76,6 @@ def pillar(vm, max_mib_s=1):
     if max_mib_s:
         storage["in_place"] = {"max_mib_s": max_mib_s}
     return yaml.safe_dump({"hana": {"storage": storage}})
-
-
-def failures(applied):
-    return "\n".join(
-        f"{s['__id__']}: {s['comment']}" for s in applied.ret.values() if s["result"] is not True
-    )
 
 
 def in_place_state(applied):

@@ -26,7 +26,14 @@ import pytest
 import yaml
 from hana_storage_core import inplace
 
-from tests.vm.conftest import boot, boot_without_salt, close_storage, wait_for_unit_end, write_lab_key
+from tests.vm.conftest import (
+    boot,
+    boot_without_salt,
+    close_storage,
+    failures,
+    wait_for_unit_end,
+    write_lab_key,
+)
 
 pytestmark = pytest.mark.vm
 
@@ -64,12 +71,6 @@ def pillar(vm):
         }
     }
     return yaml.safe_dump({"hana": {"storage": storage}})
-
-
-def failures(applied):
-    return "\n".join(
-        f"{s['__id__']}: {s['comment']}" for s in applied.ret.values() if s["result"] is not True
-    )
 
 
 def moves_state(applied):
