@@ -724,6 +724,19 @@ def _pcr_drift(header):
     return core.tpm.pcr_drift(header, current)
 
 
+def unit_active(unit):
+    """
+    Whether the systemd ``unit`` runs (active, activating, deactivating or reloading).
+
+    CLI Example:
+
+    .. code-block:: bash
+
+        salt '*' hana_storage_host.unit_active hana-storage-encrypt-hana_data.service
+    """
+    return _unit_active(unit)
+
+
 def unit_enabled(unit):
     """
     What `systemctl is-enabled` says of the systemd ``unit`` (enabled, enabled-runtime,
@@ -1558,21 +1571,19 @@ def moves_facts(plan):
     """
     Where the encryption in place below LVM of a volume stands, read-only: ``plan`` (moves.plan,
     as the state builds it), its ledger (None before the first start), the facts moves.next_step
-    decides on, the step that comes next, whether its unit runs, and the last lines the unit
-    wrote.
+    decides on, the step that comes next, and whether its unit runs.
     """
     volume = plan["volume"]
     unit = core.inplace.unit_name(plan["spare"]["name"].removesuffix(core.pillar.SPARE_SUFFIX))
     ledger = core.move_runner.read_ledger(volume)
     facts = core.move_runner.read_facts(plan)
-    running = _unit_active(unit)
+    running = unit_active(unit)
     return {
         "ledger": ledger,
         "facts": facts,
         "step": core.moves.next_step(plan, facts, ledger or core.moves.new_ledger()),
         "unit": unit,
         "running": running,
-        "output": "" if running or ledger is None else _unit_output(unit),
     }
 
 

@@ -813,7 +813,7 @@ def moved_onto_luks(name, volume, luks):
     _run(["systemctl", "reset-failed", unit])  # systemd keeps a failed transient unit's name taken
     ok, err = _run(core.moves.unit_argv(name, unit, sys.executable, os.path.dirname(core.HERE)))
     # a bus connection dropped after systemd took the job fails systemd-run, the unit runs anyway
-    if not ok and not __salt__["hana_storage_host.moves_facts"](plan)["running"]:
+    if not ok and not __salt__["hana_storage_host.unit_active"](unit):
         return _done(ret, f"{name}: cannot start {unit}: {err}", result=False)
     verb = "started" if ledger is None else "started again"
     return _done(

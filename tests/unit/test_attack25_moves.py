@@ -266,7 +266,7 @@ def test_HOLE_a_spare_changed_in_the_pillar_after_the_first_start_is_formatted_u
 
     def facts_of(plan):
         return {"ledger": ledger, "facts": host_facts, "unit": "u", "running": False,
-                "step": moves.next_step(plan, host_facts, ledger), "output": ""}  # fmt: skip
+                "step": moves.next_step(plan, host_facts, ledger)}  # fmt: skip
 
     monkeypatch.setattr(
         states,
