@@ -216,7 +216,6 @@ def read_facts(plan, test_keys=True):
         "crypttab": _crypttab_names(),
         "signatures": signatures,
         "blkid_uuid": blkid_uuid,
-        "fill": any(lv.get("lv_name") == moves.FILL_LV for lv in lvs),
     }
 
 

@@ -303,12 +303,13 @@ def room_errors(plan_data, facts, sizes):
 
 def next_step(plan_data, facts, ledger):
     """The step that comes next. ``facts`` (move_runner.read_facts): {"pvs": {path: {"vg",
-    "pe_count", "alloc", "extent"}} (a path LVM does not list is absent), "luks": {device: {"uuid",
-    "opens", "dated"}} (the targets with a LUKS header; ``opens``: the key opens it; ``dated``: its
-    header dates its volume key), "open": [crypt names
-    open over their target], "open_elsewhere": [crypt names open over another device],
-    "moving": {"percent"} or None (a pvmove in the VG), "crypttab": [names], "signatures":
-    {device: [types]} (the targets'), "fill": bool (the fill LV is there)}."""
+    "uuid", "pe_count", "alloc", "extent", "pe_start"}} (a path LVM does not list is absent),
+    "luks": {device: {"uuid", "opens", "dated", "keyslots"}} (the targets with a LUKS header;
+    ``opens``: the key opens it, None when not tried; ``dated``: its header dates its volume
+    key), "open": [crypt names open over their target], "open_elsewhere": [crypt names open over
+    another device], "moving": {"percent"} or None (a pvmove in the VG), "crypttab": [names],
+    "signatures": {device: [types]} and "blkid_uuid": {device: UUID or None} (the targets')}. A
+    fill LV left by a kill is the fill step's to remove (move_runner._fill)."""
     if ledger["done"]:
         return _step("done", text=describe(plan_data, facts))
     closed = _closed_target(plan_data, facts, ledger)

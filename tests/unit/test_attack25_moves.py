@@ -233,7 +233,7 @@ def test_HOLE_an_unexpected_exception_in_a_step_escapes_the_runner_and_the_state
     move_runner.write_json(moves.plan_path("data"), plan)
     move_runner.write_json(moves.ledger_path("data"), {**blank_ledger(), "freed": [*DEVICES, SPARE_PV]})
     facts = {"pvs": {}, "luks": {}, "open": [], "open_elsewhere": [], "moving": None, "crypttab": [],
-             "signatures": {}, "fill": False}  # fmt: skip
+             "signatures": {}}  # fmt: skip
     monkeypatch.setattr(move_runner, "read_facts", lambda p: facts)
     monkeypatch.setattr(move_runner, "pv_rows", lambda: {})
     monkeypatch.setattr(move_runner, "_lv_rows", lambda vg: [])

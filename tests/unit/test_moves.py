@@ -67,7 +67,7 @@ class Host:
         self.luks, self.open, self.crypttab = {}, {}, []
         self.signatures = {d: ["LVM2_member"] for d in DEVICES}
         self.signatures[SPARE] = []
-        self.moving, self.fill = None, False
+        self.moving = None
         self.formatted, self.targets_filled = [], {}  # what the steps wrote
 
     def facts(self):
@@ -90,7 +90,6 @@ class Host:
                 )
                 for d in [*DEVICES, SPARE]
             },
-            "fill": self.fill,
         }
 
     def perform(self, step, ledger):
