@@ -929,6 +929,11 @@ log_file: /run/salt/minion.log
 log_level_logfile: debug
 enable_fqdns_grains: false
 acceptance_wait_time: 2
+# an emulated minion beside another lab on two cores: a job's return may need more than Salt's
+# 3 tries of 5-10 s to reach a busy master, and a return past its budget is dropped for good
+return_retry_timer: 20
+return_retry_timer_max: 40
+return_retry_tries: 5
 disable_modules: [npm]
 # beacon.present asks the minion for its available beacons and waits 60 s for the answer, which
 # loads every beacon module: over a minute under emulation (2 s on real hardware). The lab's

@@ -57,6 +57,18 @@ def connect_minion(vm, *masters):
     return masters[0].salt_cli(timeout=900)
 
 
+def ask(cli, vm, fun, *args, timeout=120, tries=3):
+    """The answer of the lab's minion to a read-only call. Beside another lab on two cores, an
+    emulated minion's return can outlast its return budget and be dropped (Salt logs "failed to
+    return the job information"): a read-only call is asked again, where waiting out a long CLI
+    timeout would cost a quarter of an hour and say nothing."""
+    for _ in range(tries):
+        result = cli.run(f"--timeout={timeout}", fun, *args, minion_tgt=MINION, _timeout=timeout + 120)
+        if result.returncode == 0 and not (isinstance(result.data, str) and "did not return" in result.data):
+            return result.data
+    pytest.fail(f"{fun}: {MINION} did not answer in {tries} tries of {timeout} s; read {vm.minion_log()}")
+
+
 def wait_for(event_listener, master, tags, after, timeout=240):
     """The first event of each tag (fnmatch) after ``after``; fails with what did arrive."""
     matched = event_listener.wait_for_events(

@@ -31,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests import beacon_events
 from tests.conftest import REPO
-from tests.support.lab_master import BEACON, KEY, MINION, connect_minion, lab_master, wait_for
+from tests.support.lab_master import BEACON, KEY, MINION, ask, connect_minion, lab_master, wait_for
 from tests.support.master import free_port, outcomes, started_hot_masters, triage_results
 from tests.support.redis_store import redis_server
 from tests.vm.conftest import boot
@@ -102,7 +102,7 @@ def master(masters):
 @pytest.fixture(scope="module")
 def minion(vm, masters):
     cli = connect_minion(vm, *masters)
-    assert cli.run("hana_storage.validate_pillar", minion_tgt=MINION).data == []
+    assert ask(cli, vm, "hana_storage.validate_pillar") == []
     return cli
 
 
@@ -147,8 +147,8 @@ def occurrences(event_listener, masters, after, rules):
     ]
 
 
-def test_beacon_configured_and_first_audit_compliant(event_listener, master, minion, applied):
-    beacons = minion.run("beacons.list", "return_yaml=False", minion_tgt=MINION).data
+def test_beacon_configured_and_first_audit_compliant(event_listener, vm, master, minion, applied):
+    beacons = ask(minion, vm, "beacons.list", "return_yaml=False")
     assert beacons["hana_storage"]
     events = wait_for(event_listener, master, [f"{BEACON}/audit"], applied)
     audit = events[f"{BEACON}/audit"].data
@@ -446,8 +446,7 @@ def test_no_key_material_on_the_bus_in_logs_job_cache_or_dm_tables(
         "cat /run/salt/minion.log; find /run/salt/cache -type f -exec cat {} +", echo=False
     ).output.encode("utf-8", "surrogateescape")
     haystacks["minion log and cache"] = guest
-    tables = minion.run("hana_storage.dm_tables", minion_tgt=MINION)
-    haystacks["dm_tables"] = tables.stdout.encode()
+    haystacks["dm_tables"] = json.dumps(ask(minion, vm, "hana_storage.dm_tables")).encode()
     assert b"hana_data" in haystacks["dm_tables"] and len(haystacks["job cache of hana-events-a"]) > 1000
     assert b"HANA-PERF-002" in haystacks["triage store"]
     assert b"DEBUG" in haystacks["minion log and cache"]
