@@ -40,8 +40,6 @@ SYSFS_BLOCK = "/sys/class/block"
 DM_DRIVER = "/sys/class/misc/device-mapper"
 FIPS_ENABLED = "/proc/sys/crypto/fips_enabled"
 LVM_REPORT = "hana_storage_host.lvm_report"  # __context__: (lvm.report_key, segments)
-# Where a disk's identity is: SCSI (SAN LUNs), NVMe, virtio (its serial)
-WWID_FILES = ("device/wwid", "wwid", "serial", "device/serial")
 # Kernel names that can change across boots: a pillar should name the LUN, not the path
 UNSTABLE_NAME = re.compile(r"^/dev/(sd[a-z]+|vd[a-z]+|xvd[a-z]+|hd[a-z]+|nvme[0-9]+n[0-9]+)$")
 BY_ID = "/dev/disk/by-id"
@@ -804,7 +802,7 @@ def _sysfs():
             "dm": None,
             # one LUN seen over several paths shows the same identity on each
             "wwid": next(
-                (w for w in (_read(f"{base}/{f}").strip() for f in WWID_FILES) if w),
+                (w for w in (_read(f"{base}/{f}").strip() for f in core.stack.WWID_FILES) if w),
                 "",
             ),
         }

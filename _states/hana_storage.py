@@ -801,12 +801,19 @@ def moved_onto_luks(name, volume, luks):
                 f"moves {moves}, writes over each new PV's free extents and erases the spare",
             )
         return _would(ret, f"{where}.{failed} Would start {unit} again: {step['text']}")
+    spare_id = found["facts"]["identity"].get(spare_device)
     try:
         core.move_runner.write_json(core.moves.plan_path(name), plan)
         if ledger is None:
             core.move_runner.write_json(
                 core.moves.ledger_path(name),
-                {**core.moves.new_ledger(), "spare_blank": True, "spare_device": spare_device},
+                {
+                    **core.moves.new_ledger(),
+                    "spare_blank": True,
+                    "spare_device": spare_device,
+                    # the disk found blank, by what names it whichever path a boot gives it
+                    "identity": {spare_device: spare_id} if spare_id else {},
+                },
             )
     except OSError as error:
         return _done(ret, f"{name}: cannot write its plan: {error}. Nothing was changed.", result=False)

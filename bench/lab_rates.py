@@ -5,14 +5,15 @@ import re
 DD_RUNS = 3
 
 
-def dd_in_place_seconds(vm, device, mib, mount):
+def dd_in_place_seconds(vm, device, mib, mount=None):
     """Seconds for dd to copy ``mib`` MiB of ``device`` onto itself (direct I/O, 1 MiB blocks),
-    each byte read and written once as a re-encryption does; the XFS at ``mount`` frozen
-    meanwhile, so what dd writes back is what it read."""
+    each byte read and written once as a re-encryption or a pvmove does; the XFS at ``mount``
+    (if any is on ``device``) frozen meanwhile, so what dd writes back is what it read."""
+    freeze, thaw = (f"xfs_freeze -f {mount}", f"xfs_freeze -u {mount}") if mount else ("true", "true")
     out = vm.run(
-        f"sync && xfs_freeze -f {mount} && s=$(date +%s%N) && "
+        f"sync && {freeze} && s=$(date +%s%N) && "
         f"dd if={device} of={device} bs=1M count={mib} iflag=direct oflag=direct conv=notrunc,fsync status=none; "
-        f"rc=$?; e=$(date +%s%N); xfs_freeze -u {mount}; [ $rc = 0 ] && echo $(( (e - s) / 1000000 ))",
+        f"rc=$?; e=$(date +%s%N); {thaw}; [ $rc = 0 ] && echo $(( (e - s) / 1000000 ))",
         check=True,
         title=f"baseline: dd of {device} onto itself",
     ).output

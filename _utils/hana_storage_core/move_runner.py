@@ -15,7 +15,7 @@ import os
 import subprocess
 import sys
 
-from . import commands, files, luks, lvm, moves, reencrypt, tab
+from . import commands, files, luks, lvm, moves, reencrypt, stack, tab
 
 CRYPTTAB = "/etc/crypttab"
 REPEATS = 3  # the same step this often in a row: it does not take effect
@@ -73,6 +73,38 @@ def read_ledger(volume_name):
 
 def _real(path):
     return os.path.realpath(path)
+
+
+def _sysfs_text(path):
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
+
+
+def identity(path):
+    """What names the disk at ``path`` whichever path a boot gives it (sysfs_identity); None when
+    no block device is at ``path``."""
+    try:
+        rdev = os.stat(path).st_rdev
+    except OSError:
+        return None
+    entry = f"/sys/dev/block/{os.major(rdev)}:{os.minor(rdev)}"
+    return sysfs_identity(os.path.realpath(entry)) if os.path.isdir(entry) else None
+
+
+def sysfs_identity(entry):
+    """``<id>/<sectors>`` for the /sys/class/block entry ``entry``: its WWID or serial (a dm
+    device: its dm UUID; a partition: its disk's, and its number) and its size in 512-byte
+    sectors. A disk without an ID of its own is named by its size only."""
+    disk, part = entry, ""
+    if os.path.exists(f"{entry}/partition"):
+        disk, part = os.path.dirname(entry), f"-part{_sysfs_text(f'{entry}/partition')}"
+    found = _sysfs_text(f"{disk}/dm/uuid") or next(
+        (text for text in (_sysfs_text(f"{disk}/{f}") for f in stack.WWID_FILES) if text), ""
+    )
+    return f"{found}{part}/{_sysfs_text(f'{entry}/size') or '?'}"
 
 
 def pv_rows():
@@ -185,6 +217,7 @@ def read_facts(plan, test_keys=True):
         if os.path.exists(moves.mapper(name)):
             opened[name] = _crypt_device(name) == _real(move["target"]["device"])
     luks, signatures, blkid_uuid = {}, {}, {}
+    identities = {path: identity(path) for path in paths}
     for move in plan["moves"]:
         device, name = move["target"]["device"], move["target"]["name"]
         found = _blkid(device)
@@ -216,6 +249,7 @@ def read_facts(plan, test_keys=True):
         "crypttab": _crypttab_names(),
         "signatures": signatures,
         "blkid_uuid": blkid_uuid,
+        "identity": identities,
     }
 
 
@@ -344,6 +378,8 @@ def perform(plan, ledger, step):
             ledger["freed"].append(step["source"])
             if step.get("pv_uuid"):
                 ledger["freed_pv"][step["source"]] = step["pv_uuid"]
+            if step.get("identity"):
+                ledger["identity"][step["source"]] = step["identity"]
             write_json(moves.ledger_path(volume), ledger)
         _run(["vgreduce", vg, step["source"]])
     elif action == "fill":

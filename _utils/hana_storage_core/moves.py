@@ -150,7 +150,9 @@ def new_ledger():
     had when it left the VG}; ``wiping``: the freed device whose old PV label the runner is
     wiping before its luksFormat (a cut between the two leaves it without a signature), cleared
     once it carries these moves' LUKS; ``formatted``: the devices whose luksFormat these moves
-    saw done - a path of them without that LUKS names another disk (a boot renumbered it)."""
+    saw done - a path of them without that LUKS names another disk (a boot renumbered it);
+    ``identity``: {device: move_runner.identity} of the spare when it was found blank and of
+    each source when it was freed - a path showing another is another disk."""
     return {
         "spare_blank": False,
         "spare_device": None,
@@ -158,6 +160,7 @@ def new_ledger():
         "freed_pv": {},
         "wiping": None,
         "formatted": [],
+        "identity": {},
         "filled": [],
         "done": False,
         "error": None,
@@ -176,8 +179,11 @@ def check_ledger(ledger):
             isinstance(merged[k], list) and all(isinstance(d, str) for d in merged[k])
             for k in ("freed", "filled", "formatted")
         )
-        and isinstance(merged["freed_pv"], dict)
-        and all(isinstance(k, str) and isinstance(v, str) for k, v in merged["freed_pv"].items())
+        and all(
+            isinstance(merged[k], dict)
+            and all(isinstance(d, str) and isinstance(v, str) for d, v in merged[k].items())
+            for k in ("freed_pv", "identity")
+        )
         and all(merged[k] is None or isinstance(merged[k], str) for k in ("error", "spare_device", "wiping"))
     ):
         raise MovesError("the moves' ledger is not what the runner writes")
@@ -248,6 +254,13 @@ def _may_format(plan_data, facts, ledger, target):
         return (
             f"these moves formatted {device}, which now carries {', '.join(found) or 'no signature'} and "
             "not their LUKS: another disk behind the path (renumbered by a boot?)"
+        )
+    recorded, seen = ledger["identity"].get(device), facts["identity"].get(device)
+    if recorded and seen != recorded:
+        return (
+            f"{device} is {seen or 'nothing'} and was {recorded} when these moves "
+            f"{'found it blank' if device == plan_data['spare']['device'] else 'freed it'}: another disk "
+            "behind the path (renumbered by a boot?)"
         )
     if device == plan_data["spare"]["device"]:
         if not ledger["spare_blank"]:
@@ -428,6 +441,7 @@ def _move_step(plan_data, facts, ledger, index):
             f"{at}: {source} is empty; it leaves {vg}",
             source=source,
             pv_uuid=source_pv.get("uuid"),
+            identity=facts["identity"].get(source),
         )
     if target_pv["alloc"]:
         return _step(

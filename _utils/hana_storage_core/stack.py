@@ -11,6 +11,8 @@ import re
 LVM_UUID_PREFIX = "LVM-"
 CRYPT_UUID_PREFIX = "CRYPT-"
 MULTIPATH_UUID_PREFIX = "mpath-"  # what multipathd names its maps' dm UUIDs
+# Where a disk's identity is in its /sys/class/block entry: SCSI (SAN LUNs), NVMe, virtio (its serial)
+WWID_FILES = ("device/wwid", "wwid", "serial", "device/serial")
 
 
 def is_multipath_uuid(uuid):

@@ -69,6 +69,7 @@ class Host:
         self.signatures[SPARE] = []
         self.moving = None
         self.formatted, self.targets_filled = [], {}  # what the steps wrote
+        self.identities = {d: f"serial-{d[-1]}/2050048" for d in [*DEVICES, SPARE]}
 
     def facts(self):
         pvs = {path: dict(pv) for path, pv in self.pvs.items()}
@@ -90,6 +91,7 @@ class Host:
                 )
                 for d in [*DEVICES, SPARE]
             },
+            "identity": dict(self.identities),
         }
 
     def perform(self, step, ledger):
@@ -131,6 +133,8 @@ class Host:
                 ledger["freed"].append(step["source"])
                 if step.get("pv_uuid"):
                     ledger["freed_pv"][step["source"]] = step["pv_uuid"]
+                if step.get("identity"):
+                    ledger["identity"][step["source"]] = step["identity"]
             self.pvs[step["source"]]["vg"] = ""
         elif action == "fill":
             self.targets_filled[step["name"]] = True
@@ -165,7 +169,12 @@ def run(host, ledger, limit=200, stop_after=None):
 
 
 def blank_ledger():
-    return {**moves.new_ledger(), "spare_blank": True, "spare_device": SPARE}
+    return {
+        **moves.new_ledger(),
+        "spare_blank": True,
+        "spare_device": SPARE,
+        "identity": {SPARE: f"serial-{SPARE[-1]}/2050048"},
+    }
 
 
 # ---- the pillar --------------------------------------------------------------------------------

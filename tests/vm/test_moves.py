@@ -296,6 +296,8 @@ def test_each_device_ends_a_luks_pv_of_its_name_one_stripe_each_and_the_spare_bl
     ).output.split()
     assert segments[0] == "3" and len(set(d.split("(")[0] for d in segments[1].split(","))) == 3, segments
     assert "hana_data_spare" not in vm.run("cat /etc/crypttab", echo=False).output
+    # what names each disk the moves vouched for (found blank, or freed), whatever its path
+    assert {SPARE, *DISKS} <= set(ledger(vm)["identity"]), ledger(vm)
 
 
 def test_once_moved_the_apply_finishes_the_volume_and_a_second_changes_nothing(after_power_cut):
