@@ -12,6 +12,7 @@ moves.MOVES_DIR, each replaced whole.
 import datetime
 import json
 import os
+import stat
 import subprocess
 import sys
 
@@ -76,33 +77,46 @@ def _real(path):
 
 
 def _sysfs_text(path):
+    """A sysfs attribute's text, "" when the kernel has none; one that cannot be read stops the
+    step (an identity read as "no ID" would vouch for any disk of the same size)."""
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
             return handle.read().strip()
-    except OSError:
+    except FileNotFoundError:
         return ""
+    except OSError as error:
+        raise StepFailed(f"{path} cannot be read: {error.strerror or error}") from None
 
 
 def identity(path):
     """What names the disk at ``path`` whichever path a boot gives it (sysfs_identity); None when
     no block device is at ``path``."""
     try:
-        rdev = os.stat(path).st_rdev
+        found = os.stat(path)
     except OSError:
         return None
-    entry = f"/sys/dev/block/{os.major(rdev)}:{os.minor(rdev)}"
+    if not stat.S_ISBLK(found.st_mode):
+        return None
+    entry = f"/sys/dev/block/{os.major(found.st_rdev)}:{os.minor(found.st_rdev)}"
     return sysfs_identity(os.path.realpath(entry)) if os.path.isdir(entry) else None
 
 
 def sysfs_identity(entry):
-    """``<id>/<sectors>`` for the /sys/class/block entry ``entry``: its WWID or serial (a dm
-    device: its dm UUID; a partition: its disk's, and its number) and its size in 512-byte
-    sectors. A disk without an ID of its own is named by its size only."""
+    """``<id>/<sectors>`` for the /sys/class/block entry ``entry``: its WWID or serial (a
+    multipath map: its first path's, so that the LUN is one whether named by the map or by a
+    path; another dm device: its dm UUID; an md array: its UUID; a partition: its disk's, and
+    its number) and its size in 512-byte sectors. A disk without an ID of its own (some virtual
+    disks) is named by its size only."""
     disk, part = entry, ""
     if os.path.exists(f"{entry}/partition"):
         disk, part = os.path.dirname(entry), f"-part{_sysfs_text(f'{entry}/partition')}"
-    found = _sysfs_text(f"{disk}/dm/uuid") or next(
-        (text for text in (_sysfs_text(f"{disk}/{f}") for f in stack.WWID_FILES) if text), ""
+    dm_uuid = _sysfs_text(f"{disk}/dm/uuid")
+    multipath = stack.is_multipath_uuid(dm_uuid) and os.path.isdir(f"{disk}/slaves")
+    paths = sorted(os.listdir(f"{disk}/slaves")) if multipath else []
+    if paths:
+        disk, dm_uuid = os.path.realpath(f"{disk}/slaves/{paths[0]}"), ""
+    found = dm_uuid or next(
+        (text for text in (_sysfs_text(f"{disk}/{f}") for f in ("md/uuid", *stack.WWID_FILES)) if text), ""
     )
     return f"{found}{part}/{_sysfs_text(f'{entry}/size') or '?'}"
 
@@ -345,6 +359,9 @@ def perform(plan, ledger, step):
         if target["device"] != plan["spare"]["device"]:
             if ledger["wiping"] != target["device"]:
                 ledger["wiping"] = target["device"]
+                if step.get("identity") and target["device"] not in ledger["identity"]:
+                    # _may_format has just found the PV label this route freed on it: the disk
+                    ledger["identity"][target["device"]] = step["identity"]
                 write_json(moves.ledger_path(volume), ledger)
             _run(["wipefs", "-a", target["device"]])  # the LVM label of the PV this route freed
         luks = {**plan["luks"], "type": "luks2"}

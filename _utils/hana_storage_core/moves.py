@@ -256,7 +256,7 @@ def _may_format(plan_data, facts, ledger, target):
             "not their LUKS: another disk behind the path (renumbered by a boot?)"
         )
     recorded, seen = ledger["identity"].get(device), facts["identity"].get(device)
-    if recorded and seen != recorded:
+    if recorded and not same_disk(recorded, seen):
         return (
             f"{device} is {seen or 'nothing'} and was {recorded} when these moves "
             f"{'found it blank' if device == plan_data['spare']['device'] else 'freed it'}: another disk "
@@ -286,6 +286,18 @@ def _may_format(plan_data, facts, ledger, target):
             "moves freed, or reused since"
         )
     return None
+
+
+def same_disk(recorded, seen):
+    """Do two move_runner.identity strings (``<id>/<sectors>``) name one disk? By its ID when it
+    has one (a LUN grown since keeps its ID), by its size only when it has none."""
+    if not seen:
+        return False
+    recorded_id, _, recorded_size = recorded.rpartition("/")
+    seen_id, _, seen_size = seen.rpartition("/")
+    if recorded_id:
+        return seen_id == recorded_id
+    return not seen_id and seen_size == recorded_size
 
 
 def room(device_bytes, extent_bytes):
@@ -321,7 +333,8 @@ def next_step(plan_data, facts, ledger):
     ``opens``: the key opens it, None when not tried; ``dated``: its header dates its volume
     key), "open": [crypt names open over their target], "open_elsewhere": [crypt names open over
     another device], "moving": {"percent"} or None (a pvmove in the VG), "crypttab": [names],
-    "signatures": {device: [types]} and "blkid_uuid": {device: UUID or None} (the targets')}. A
+    "signatures": {device: [types]} and "blkid_uuid": {device: UUID or None} (the targets'),
+    "identity": {path: move_runner.identity or None} (the spare's, the sources', the targets')}. A
     fill LV left by a kill is the fill step's to remove (move_runner._fill)."""
     if ledger["done"]:
         return _step("done", text=describe(plan_data, facts))
@@ -400,8 +413,14 @@ def _target_step(plan_data, facts, ledger, at, target):
         why = _may_format(plan_data, facts, ledger, target)
         if why:
             return _step("refuse", text=f"{at}: refusing to format {device}: {why}")
-    # else our UUID without a keyslot: our luksFormat was cut short before it, done again
-    return _step("format", text=f"{at}: formatting {device} as {name}", target=target)
+    # else our UUID without a keyslot: our luksFormat was cut short before it, done again.
+    # A freed device's identity goes with its wiping mark, for a ledger whose release kept none
+    return _step(
+        "format",
+        text=f"{at}: formatting {device} as {name}",
+        target=target,
+        identity=facts["identity"].get(device),
+    )
 
 
 def _move_step(plan_data, facts, ledger, index):

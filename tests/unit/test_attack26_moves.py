@@ -25,7 +25,9 @@ class RunnerHost(Host):
     def perform(self, step, ledger):
         target = step.get("target") or {}
         if step["action"] == "format" and target["device"] != self.plan["spare"]["device"]:
-            ledger["wiping"] = target["device"]  # as move_runner.perform writes it
+            ledger["wiping"] = target["device"]  # as move_runner.perform writes it, with the identity
+            if step.get("identity") and target["device"] not in ledger["identity"]:
+                ledger["identity"][target["device"]] = step["identity"]
         if step["action"] == "open" and self.closed and moves.mapper(target["name"]) in self.closed:
             self.pvs[moves.mapper(target["name"])] = self.closed.pop(moves.mapper(target["name"]))
         super().perform(step, ledger)

@@ -16,7 +16,7 @@ from tests.unit.test_moves import DEVICES, SPARE, blank_ledger, the_plan, volume
 OTHER_DISK = "serial-sbd/2050048"  # an SBD LUN, or a LUN used raw: no signature blkid knows
 
 
-def _to(host, ledger, action, move):
+def steps_to(host, ledger, action, move):
     """Run the steps up to the first ``action`` of ``move`` (not performed); that step."""
     for _ in range(100):
         step = moves.next_step(host.plan, host.facts(), ledger)
@@ -28,7 +28,7 @@ def _to(host, ledger, action, move):
 
 def test_the_spare_renumbered_before_its_format_is_refused_not_formatted():
     host, ledger = RunnerHost(the_plan()), blank_ledger()
-    assert _to(host, ledger, "format", 0)["target"]["device"] == SPARE
+    assert steps_to(host, ledger, "format", 0)["target"]["device"] == SPARE
     host.identities[SPARE] = OTHER_DISK
     step = moves.next_step(host.plan, host.facts(), ledger)
     assert step["action"] == "refuse", step
@@ -37,7 +37,7 @@ def test_the_spare_renumbered_before_its_format_is_refused_not_formatted():
 
 def test_a_freed_device_renumbered_between_its_wipefs_and_its_luksformat_is_refused():
     host, ledger = RunnerHost(the_plan()), blank_ledger()
-    step = _to(host, ledger, "format", 1)
+    step = steps_to(host, ledger, "format", 1)
     freed = step["target"]["device"]
     assert freed == DEVICES[0] and ledger["identity"][freed] == host.identities[freed]
     ledger["wiping"] = freed  # the runner's mark, then wipefs -a: the LVM label gone, then a kill
@@ -68,7 +68,7 @@ def test_a_ledger_whose_identities_are_not_what_the_runner_writes_is_refused(ide
         moves.check_ledger({**blank_ledger(), "identity": identity})
 
 
-def _entry(root, name, files):
+def sysfs_entry(root, name, files):
     entry = root / name
     for relative, text in files.items():
         (entry / relative).parent.mkdir(parents=True, exist_ok=True)
@@ -86,12 +86,12 @@ def _entry(root, name, files):
     ],
 )
 def test_the_identity_is_the_disks_id_and_size(tmp_path, files, expected):
-    assert move_runner.sysfs_identity(str(_entry(tmp_path, "disk", files))) == expected
+    assert move_runner.sysfs_identity(str(sysfs_entry(tmp_path, "disk", files))) == expected
 
 
 def test_a_partitions_identity_is_its_disks_id_its_number_and_its_size(tmp_path):
-    disk = _entry(tmp_path, "sdb", {"size": "4096000", "device/wwid": "naa.6001"})
-    part = _entry(disk, "sdb2", {"size": "1024000", "partition": "2"})
+    disk = sysfs_entry(tmp_path, "sdb", {"size": "4096000", "device/wwid": "naa.6001"})
+    part = sysfs_entry(disk, "sdb2", {"size": "1024000", "partition": "2"})
     assert move_runner.sysfs_identity(str(part)) == "naa.6001-part2/1024000"
 
 
