@@ -677,14 +677,17 @@ class Lab:
         """A real systemd service manager in the guest, for what the formula hands to systemd
         (``systemd-run`` units). virtme-ng's init is not systemd, and systemd runs as a system
         manager only as PID 1: it runs as PID 1 of a PID namespace, with a target that starts
-        nothing but its journal, and every later command of the lab (Salt's included) runs in
-        that namespace, where systemctl reaches it."""
+        its journal and reaches sysinit.target (udev, and the crypttab and fstab the guest has
+        now), as a booted host has, and no service; every later command of the lab (Salt's
+        included) runs in that namespace, where systemctl reaches it. Without sysinit.target
+        reached, the first transient unit (it requires it) waited for the boot's storage jobs:
+        a minute and more of each apply that starts one."""
         say("starting systemd in the guest (a PID namespace of its own)")
         started = time.monotonic()
         self.write(
             "/etc/systemd/system/lab-minimal.target",
             "[Unit]\nDescription=lab: a service manager for transient units\n"
-            "Wants=systemd-journald.service\n",
+            "Wants=systemd-journald.service sysinit.target\nAfter=sysinit.target\n",
         )
         self.run(
             "setsid unshare --pid --fork --mount-proc /lib/systemd/systemd --system "
