@@ -1,5 +1,6 @@
 """The baselines and clocks the lab's encryption benchmarks share, measured in the guest."""
 
+import json
 import re
 
 DD_RUNS = 3
@@ -40,3 +41,17 @@ def unit_seconds(vm, unit):
     stamps = [float(s) for s in re.findall(r"^\[\s*(\d+\.\d+)\]", out, re.MULTILINE)]
     assert len(stamps) >= 2, out
     return stamps[-1] - stamps[0]
+
+
+def step_seconds(vm, unit):
+    """{step: seconds} of a runner that prints one JSON line per step (move_runner): each step
+    from its line's monotonic stamp to the next line's, summed by the step's name."""
+    out = vm.run(
+        f"journalctl --unit {unit} --output short-monotonic --no-pager", check=True, echo=False
+    ).output
+    lines = re.findall(r"^\[\s*(\d+\.\d+)\] \S+ \S+: (\{.*\})$", out, re.MULTILINE)
+    spent = {}
+    for (stamp, line), (after, _) in zip(lines, lines[1:], strict=False):
+        step = json.loads(line)["step"]
+        spent[step] = spent.get(step, 0.0) + float(after) - float(stamp)
+    return spent
