@@ -33,11 +33,16 @@ def cipher_rates(vm):
     return float(found.group(1)), float(found.group(2))
 
 
-def unit_seconds(vm, unit):
-    """How long ``unit`` ran, from its journal's first and last monotonic stamps."""
-    out = vm.run(
+def _monotonic_journal(vm, unit):
+    """``unit``'s journal, each line after its monotonic stamp."""
+    return vm.run(
         f"journalctl --unit {unit} --output short-monotonic --no-pager", check=True, echo=False
     ).output
+
+
+def unit_seconds(vm, unit):
+    """How long ``unit`` ran, from its journal's first and last monotonic stamps."""
+    out = _monotonic_journal(vm, unit)
     stamps = [float(s) for s in re.findall(r"^\[\s*(\d+\.\d+)\]", out, re.MULTILINE)]
     assert len(stamps) >= 2, out
     return stamps[-1] - stamps[0]
@@ -46,9 +51,7 @@ def unit_seconds(vm, unit):
 def step_seconds(vm, unit):
     """{step: seconds} of a runner that prints one JSON line per step (move_runner): each step
     from its line's monotonic stamp to the next line's, summed by the step's name."""
-    out = vm.run(
-        f"journalctl --unit {unit} --output short-monotonic --no-pager", check=True, echo=False
-    ).output
+    out = _monotonic_journal(vm, unit)
     lines = re.findall(r"^\[\s*(\d+\.\d+)\] \S+ \S+: (\{.*\})$", out, re.MULTILINE)
     spent = {}
     for (stamp, line), (after, _) in zip(lines, lines[1:], strict=False):

@@ -22,8 +22,8 @@ import pytest
 
 from bench.conftest import Target
 from bench.lab_rates import DD_RUNS, cipher_rates, dd_in_place_seconds, step_seconds, unit_seconds
-from tests.vm.conftest import boot, failures, wait_for_unit_end, write_lab_key
-from tests.vm.test_moves import DISKS, KEY_FILE, MOUNT, SPARE, UNIT, build_plain, ledger, pillar, pv_table
+from tests.vm.conftest import failures, wait_for_unit_end
+from tests.vm.test_moves import DISKS, MOUNT, SPARE, UNIT, ledger, pillar, plain_lab, pv_table
 
 pytestmark = pytest.mark.vm
 
@@ -32,10 +32,7 @@ EXTENT_MIB = 4
 
 @pytest.fixture(scope="module")
 def vm(request):
-    vm = boot(request, disks=4, disk_size="256M")
-    vm.start_service_manager()
-    write_lab_key(vm, KEY_FILE)
-    build_plain(vm)
+    vm = plain_lab(request)
     vm.setup_salt(pillar(vm))
     return vm
 

@@ -44,6 +44,7 @@ VG, LV = "vg_hana_data", "/dev/vg_hana_data/lv_hana_data"
 MOUNT = "/hana/data"
 UNIT = inplace.unit_name("hana_data")
 CRYPTS = ["hana_data_0", "hana_data_1", "hana_data_2"]
+DISK_SIZE = "256M"
 LV_MIB, FS_MIB = 672, 640  # 3 x 56 extents: each LUKS PV (59 extents) keeps room
 FILE = f"{MOUNT}/a.bin"
 OPTIONS = "noatime,nodiratime,logbsize=256k"  # SAP's, as the host was installed (the pillar's default)
@@ -146,12 +147,19 @@ def ledger(vm):
     return json.loads(vm.run(f"cat {LEDGER}", check=True, echo=False).output)
 
 
-@pytest.fixture(scope="module")
-def vm(request):
-    vm = boot(request, disks=4, disk_size="256M")
+def plain_lab(request):
+    """A lab booted with this module's volume as a host installed it (build_plain), the spare
+    blank, the key file in place and a service manager for the unit; Salt not started yet."""
+    vm = boot(request, disks=4, disk_size=DISK_SIZE)
     vm.start_service_manager()
     write_lab_key(vm, KEY_FILE)
     build_plain(vm)
+    return vm
+
+
+@pytest.fixture(scope="module")
+def vm(request):
+    vm = plain_lab(request)
     vm.sums = sums(vm)
     vm.setup_salt(pillar(vm))
     return vm
@@ -257,7 +265,7 @@ def after_power_cut(request, started):
     kept = ("/etc/crypttab", "/etc/fstab", LEDGER, LEDGER.replace(".ledger", ""))
     etc = {path: vm.run(f"cat {path}", check=True, echo=False).output for path in kept}
     vm.power_off()
-    again = boot(request, disks=4, disk_size="256M", fresh=False)
+    again = boot(request, disks=4, disk_size=DISK_SIZE, fresh=False)
     again.start_service_manager()
     write_lab_key(again, KEY_FILE)
     for path, text in etc.items():
